@@ -1,0 +1,56 @@
+"""Build the Serve application of one model: a router plus one pinned deployment per replica."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+
+from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.registry.devices import DeviceKind
+from hive_apps.routing.router import router_deployment
+
+HEALTH_CHECK_PERIOD_S = 5.0
+
+
+def engine_class(engine: str) -> type:
+    if engine == "sim":
+        from hive_apps.engine.sim_engine import SimEngine
+
+        return SimEngine
+    from hive_apps.engine.vllm_engine import VLLMEngine
+
+    return VLLMEngine
+
+
+def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
+    """Pin to the node by its id label, and to physical GPUs by CUDA_VISIBLE_DEVICES (never num_gpus)."""
+    env: dict[str, str] = {}
+    if rp.device_kind is DeviceKind.GPU:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in rp.device_indices)
+    options: dict[str, Any] = {
+        "num_cpus": 0,
+        "num_gpus": 0,
+        "label_selector": {"ray.io/node-id": rp.node_id},
+    }
+    if env:
+        options["runtime_env"] = {"env_vars": env}
+    return options
+
+
+def build_model_app(model_id: str, plan: Plan):
+    cls = engine_class(plan.engine)
+    engines = []
+    for rp in plan.replicas:
+        dep = serve.deployment(cls).options(
+            name=f"engine-r{rp.index}",
+            num_replicas=1,
+            max_ongoing_requests=max(64, rp.settings.max_num_seqs * 4),
+            max_constructor_retry_count=1,
+            health_check_period_s=HEALTH_CHECK_PERIOD_S,
+            health_check_timeout_s=30,
+            graceful_shutdown_timeout_s=5,
+            ray_actor_options=replica_actor_options(rp),
+        )
+        engines.append(dep.bind(model_id, plan.profile.path, rp))
+    return router_deployment().bind(model_id, engines, plan.replicas)

@@ -1,0 +1,62 @@
+"""Response bodies of the admin API."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
+from hive_apps.registry.records import ModelRecord, ModelStatus
+
+
+class ReplicaStatus(BaseModel):
+    node: str
+    devices: list[str]
+    device_kind: str
+    settings: EngineSettings
+    memory: MemoryBreakdown
+    reservation_bytes: int
+
+
+class ModelStatusResponse(BaseModel):
+    model_id: str
+    model: str
+    engine: str
+    status: ModelStatus
+    message: str = ""
+    route: str
+    openai_v1: str = "/v1"
+    status_url: str
+    replicas: dict[str, ReplicaStatus]
+    rejected: list[Rejection] = []
+    created_at: float
+    ready_at: float | None = None
+    deploy_seconds: float | None = None
+
+    @classmethod
+    def of(cls, rec: ModelRecord) -> "ModelStatusResponse":
+        return cls(
+            model_id=rec.model_id,
+            model=rec.spec.model,
+            engine=rec.spec.engine.value,
+            status=rec.status,
+            message=rec.message,
+            route=f"/{rec.model_id}",
+            status_url=f"/admin/models/{rec.model_id}",
+            replicas={
+                f"r{rp.index}": ReplicaStatus(
+                    node=rp.node_name, devices=rp.devices, device_kind=rp.device_kind.value,
+                    settings=rp.settings, memory=rp.memory, reservation_bytes=rp.reservation_bytes,
+                )
+                for rp in rec.plan.replicas
+            },
+            rejected=rec.plan.rejected,
+            created_at=rec.created_at,
+            ready_at=rec.ready_at,
+            deploy_seconds=round(rec.ready_at - rec.created_at, 2) if rec.ready_at else None,
+        )
+
+
+class ErrorBody(BaseModel):
+    message: str
+    field: str | None = None
+    status: int

@@ -1,0 +1,71 @@
+"""The shape every engine replica shares: forward HTTP into an in-process ASGI app, report load.
+
+``VLLMEngine`` serves vLLM's own OpenAI app; ``SimEngine`` serves a simulated one. Both are
+plain classes here; ``engine/deployments.py`` wraps them as Serve deployments.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
+from hive_apps.planning.types import ReplicaPlan
+
+
+class EngineStartError(RuntimeError):
+    """The engine came up but could not answer its first request."""
+
+
+class EngineBase:
+    app: Any  # the ASGI app that serves /v1/...
+    model_id: str
+    replica: ReplicaPlan
+    runner: str = "generate"
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        self.in_flight += 1
+        try:
+            async for item in call_asgi(self.app, req):
+                yield item
+        finally:
+            self.in_flight -= 1
+
+    async def call_json(self, path: str, body: dict) -> tuple[int, Any]:
+        """One non-streaming request, for warm-up and health checks."""
+        req = ForwardedRequest(path=path, body=json.dumps(body).encode(), headers=[("content-type", "application/json")])
+        status, chunks = 500, []
+        async for item in self.forward(req):
+            if isinstance(item, ResponseStart):
+                status = item.status
+            else:
+                chunks.append(item)
+        raw = b"".join(chunks)
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    async def warm_up(self) -> float:
+        """Ready means a real request succeeded: one token, or one embedding."""
+        t0 = time.perf_counter()
+        if self.runner == "pooling":
+            status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": "ready?"})
+        else:
+            status, body = await self.call_json(
+                "/v1/completions", {"model": self.model_id, "prompt": "ready?", "max_tokens": 1}
+            )
+        if status != 200:
+            raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
+        return time.perf_counter() - t0
+
+    def load(self) -> EngineLoad:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices}

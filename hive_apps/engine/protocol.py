@@ -1,0 +1,103 @@
+"""What travels between the router and an engine replica over a Serve handle.
+
+A request is forwarded as plain HTTP pieces and answered as a stream: one
+``ResponseStart`` and then body chunks. Streaming and non-streaming replies take the same
+path, so the router never needs to understand the OpenAI body to pass it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ForwardedRequest(BaseModel):
+    method: str = "POST"
+    path: str  # e.g. "/v1/chat/completions" (already without any /<model_id> prefix)
+    query: str = ""
+    headers: list[tuple[str, str]] = Field(default_factory=list)
+    body: bytes = b""
+
+
+class ResponseStart(BaseModel):
+    status: int
+    headers: list[tuple[str, str]] = Field(default_factory=list)
+
+    @property
+    def content_type(self) -> str:
+        for k, v in self.headers:
+            if k.lower() == "content-type":
+                return v
+        return "application/json"
+
+
+class EngineLoad(BaseModel):
+    """Live load of one replica, from the engine's own scheduler stats."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    in_flight: int = 0  # requests inside this replica's forward() right now
+    max_num_seqs: int = 1
+    updated_at: float = 0.0
+
+
+async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+    """Run one request through an ASGI app in-process and yield its reply as it is produced."""
+    queue: asyncio.Queue = asyncio.Queue()
+    body_sent = False
+
+    async def receive() -> dict:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": req.body, "more_body": False}
+        await asyncio.Event().wait()  # the client never disconnects from in-process calls
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        await queue.put(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": req.method,
+        "scheme": "http",
+        "path": req.path,
+        "raw_path": req.path.encode(),
+        "root_path": "",
+        "query_string": req.query.encode(),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in req.headers],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 80),
+    }
+    done = object()
+
+    async def run() -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            await queue.put(done)
+
+    task = asyncio.create_task(run())
+    try:
+        while True:
+            msg = await queue.get()
+            if msg is done:
+                break
+            if msg["type"] == "http.response.start":
+                headers = [(k.decode(), v.decode()) for k, v in msg.get("headers", [])]
+                yield ResponseStart(status=msg["status"], headers=headers)
+            elif msg["type"] == "http.response.body":
+                if msg.get("body"):
+                    yield msg["body"]
+                if not msg.get("more_body", False):
+                    break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()

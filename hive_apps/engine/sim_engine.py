@@ -1,0 +1,209 @@
+"""The simulated engine: an OpenAI-shaped engine with token timing, admission and failures.
+
+A product feature for what-if capacity runs and load tests without GPUs, and the engine of
+the fast cluster tests. It honours the plan like vLLM would: at most ``max_num_seqs``
+sequences decode at once (the rest wait), and each sequence decodes at a per-GPU-class
+rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
+
+- ``sim_tokens_per_s``: decode rate of one sequence (default: the plan's estimate / seqs);
+- ``sim_fail_start``: raise in the constructor (a deploy that fails);
+- ``sim_start_delay_s``: seconds the constructor takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import struct
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hive_apps.engine.base import EngineBase
+from hive_apps.engine.protocol import EngineLoad
+from hive_apps.openai_errors import openai_error
+from hive_apps.planning.types import ReplicaPlan
+
+WORDS = "the hive plans serves routes replicas tokens quickly and calmly across every device".split()
+EMBED_DIM = 384
+
+
+def fake_embedding(text: str) -> list[float]:
+    """Deterministic unit vector from the text's hash: same text, same vector."""
+    seed = hashlib.sha256(text.encode()).digest()
+    raw = (seed * (EMBED_DIM * 4 // len(seed) + 1))[: EMBED_DIM * 4]
+    vals = [b / 255.0 - 0.5 for b in raw[::4]]
+    norm = sum(v * v for v in vals) ** 0.5 or 1.0
+    return [v / norm for v in vals]
+
+
+class SimEngine(EngineBase):
+    def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan):
+        super().__init__()
+        kw = replica.engine_kwargs
+        if kw.get("sim_start_delay_s"):
+            time.sleep(float(kw["sim_start_delay_s"]))
+        if kw.get("sim_fail_start"):
+            raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
+        self.model_id, self.replica = model_id, replica
+        self.runner = "pooling" if kw.get("runner") == "pooling" else "generate"
+        seqs = replica.settings.max_num_seqs
+        est = replica.expected_tokens_per_s
+        self.tokens_per_s = float(kw.get("sim_tokens_per_s") or (est / seqs if est else 100.0))
+        self.max_model_len = replica.settings.max_model_len
+        self.slots = asyncio.Semaphore(seqs)
+        self.running = 0
+        self.waiting = 0
+        self.app = self._build_app()
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            running=self.running, waiting=self.waiting, in_flight=self.in_flight,
+            max_num_seqs=self.replica.settings.max_num_seqs, updated_at=time.time(),
+            kv_cache_usage=self.running / self.replica.settings.max_num_seqs,
+        )
+
+    def check_health(self) -> None:
+        return None
+
+    async def _generate(self, prompt_tokens: int, max_tokens: int):
+        """Admit like a scheduler, then yield one word per decode step."""
+        self.waiting += 1
+        await self.slots.acquire()
+        self.waiting -= 1
+        self.running += 1
+        try:
+            await asyncio.sleep(prompt_tokens / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
+            for i in range(max_tokens):
+                await asyncio.sleep(1.0 / self.tokens_per_s)
+                yield WORDS[(prompt_tokens + i) % len(WORDS)] + " "
+        finally:
+            self.running -= 1
+            self.slots.release()
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI()
+        engine = self
+
+        async def parse(request: Request) -> dict[str, Any] | JSONResponse:
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except ValueError:
+                return openai_error(400, "request body is not valid JSON")
+            if not isinstance(body, dict):
+                return openai_error(400, "request body must be a JSON object")
+            if body.get("model") not in (None, engine.model_id):
+                return openai_error(404, f"The model `{body.get('model')}` does not exist.", param="model")
+            return body
+
+        def budget(prompt_tokens: int, body: dict) -> int | JSONResponse:
+            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+            if prompt_tokens + max_tokens > engine.max_model_len:
+                return openai_error(
+                    400,
+                    f"This model's maximum context length is {engine.max_model_len} tokens. However, you "
+                    f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                    param="max_tokens",
+                )
+            return max_tokens
+
+        def count_tokens(text: str) -> int:
+            return max(1, len(text) // 4)
+
+        async def respond(body: dict, prompt_tokens: int, kind: str):
+            max_tokens = budget(prompt_tokens, body)
+            if isinstance(max_tokens, JSONResponse):
+                return max_tokens
+            rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+            created = int(time.time())
+            obj = "chat.completion" if kind == "chat" else "text_completion"
+            usage = lambda n: {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}  # noqa: E731
+
+            def choice(text: str, finish: str | None, stream: bool) -> dict:
+                if kind == "chat":
+                    key = "delta" if stream else "message"
+                    return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+            if not body.get("stream"):
+                parts = [w async for w in engine._generate(prompt_tokens, max_tokens)]
+                return JSONResponse({"id": rid, "object": obj, "created": created, "model": engine.model_id,
+                                     "choices": [choice("".join(parts), "length", False)], "usage": usage(len(parts))})
+
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            async def sse():
+                n = 0
+                chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+                async for w in engine._generate(prompt_tokens, max_tokens):
+                    n += 1
+                    yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': engine.model_id, 'choices': [choice(w, None, True)]})}\n\n"
+                final = {"id": rid, "object": chunk_obj, "created": created, "model": engine.model_id, "choices": [choice('', 'length', True)]}
+                yield f"data: {json.dumps(final)}\n\n"
+                if include_usage:
+                    yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': engine.model_id, 'choices': [], 'usage': usage(n)})}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream")
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "owned_by": "ray-hive",
+                                                "max_model_len": engine.max_model_len}]}
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await parse(request)
+            if isinstance(body, JSONResponse):
+                return body
+            if engine.runner == "pooling":
+                return openai_error(404, "this model serves embeddings only; use /v1/embeddings")
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return openai_error(400, "'messages' must be a non-empty list", param="messages")
+            text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            return await respond(body, count_tokens(text), "chat")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await parse(request)
+            if isinstance(body, JSONResponse):
+                return body
+            prompt = body.get("prompt")
+            if not isinstance(prompt, (str, list)) or not prompt:
+                return openai_error(400, "'prompt' must be a string or a non-empty list", param="prompt")
+            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+            return await respond(body, count_tokens(text), "completion")
+
+        @app.post("/v1/embeddings")
+        async def embeddings(request: Request):
+            body = await parse(request)
+            if isinstance(body, JSONResponse):
+                return body
+            inputs = body.get("input")
+            inputs = [inputs] if isinstance(inputs, str) else inputs
+            if not isinstance(inputs, list) or not inputs:
+                return openai_error(400, "'input' must be a string or a non-empty list", param="input")
+            data = []
+            for i, text in enumerate(inputs):
+                vec = fake_embedding(str(text))
+                if body.get("encoding_format") == "base64":
+                    emb: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+                else:
+                    emb = vec
+                data.append({"object": "embedding", "index": i, "embedding": emb})
+            tokens = sum(count_tokens(str(t)) for t in inputs)
+            return {"object": "list", "data": data, "model": engine.model_id,
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+        return app

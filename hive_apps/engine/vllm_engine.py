@@ -1,0 +1,143 @@
+"""A replica that runs vLLM's AsyncLLM in-process behind vLLM's own OpenAI app.
+
+Chat templates, tools, reasoning, structured output, streaming, embeddings and error
+shapes all come from vLLM (``build_app`` + ``init_app_state``); this class only builds the
+engine from the plan, feeds live load to the router, and proves readiness with a real
+request. vLLM is imported inside the replica so the control plane never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from hive_apps.engine.base import EngineBase
+from hive_apps.engine.protocol import EngineLoad
+from hive_apps.planning.types import ReplicaPlan
+
+log = logging.getLogger("ray.serve")
+
+# Frontend arguments the hive sets for every engine (the user may override them in vllm_kwargs).
+FRONTEND_DEFAULTS: dict[str, Any] = {
+    "disable_fastapi_docs": True,
+    "enable_log_requests": False,
+}
+
+
+class LoadTracker:
+    """Latest scheduler stats of one engine, written by vLLM's stat-logger hook."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.updated_at = 0.0
+
+
+def make_stat_logger(tracker: LoadTracker):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class HiveLoadLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.tracker = tracker
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                self.tracker.running = scheduler_stats.num_running_reqs
+                self.tracker.waiting = scheduler_stats.num_waiting_reqs
+                self.tracker.kv_cache_usage = scheduler_stats.kv_cache_usage
+                self.tracker.updated_at = time.time()
+
+        def log_engine_initialized(self):
+            pass
+
+    return HiveLoadLogger
+
+
+def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, Any]):
+    """vLLM's own `vllm serve` argument namespace, with the plan's settings applied.
+
+    Structured values (dicts and lists, e.g. ``structured_outputs_config``) go through
+    vLLM's parser as JSON so they become its config objects; scalars are set directly.
+    """
+    import json
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    defaults = parser.parse_args(["--model", model_path])
+    kwargs = {**FRONTEND_DEFAULTS, **engine_kwargs}
+    unknown = sorted(k for k in kwargs if not hasattr(defaults, k))
+    if unknown:
+        raise ValueError(f"vllm_kwargs: {unknown} are not vLLM engine or server arguments")
+    argv = ["--model", model_path]
+    for key, value in kwargs.items():
+        if isinstance(value, (dict, list)):
+            argv += ["--" + key.replace("_", "-"), json.dumps(value)]
+    args = parser.parse_args(argv)
+    for key, value in kwargs.items():
+        if not isinstance(value, (dict, list)):
+            setattr(args, key, value)
+    args.served_model_name = [model_id]
+    validate_parsed_serve_args(args)
+    return args
+
+
+class VLLMEngine(EngineBase):
+    async def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan):
+        super().__init__()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.model_id, self.replica = model_id, replica
+        self.tracker = LoadTracker()
+        t0 = time.perf_counter()
+        args = build_serve_args(model_path, model_id, replica.engine_kwargs)
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        self.engine = AsyncLLM.from_vllm_config(
+            vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[make_stat_logger(self.tracker)],
+            disable_log_stats=False,
+        )
+        tasks = await self.engine.get_supported_tasks()
+        self.runner = "generate" if "generate" in tasks else "pooling"
+        self.app = build_app(args, tasks, self.engine.model_config)
+        await init_app_state(self.engine, self.app.state, args, tasks)
+        self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
+        self.engine_start_s = time.perf_counter() - t0
+        self.warm_up_s = await self.warm_up()
+        log.info("engine %s/r%d ready: vLLM start %.1fs, first request %.2fs",
+                 model_id, replica.index, self.engine_start_s, self.warm_up_s)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            running=self.tracker.running,
+            waiting=self.tracker.waiting,
+            kv_cache_usage=self.tracker.kv_cache_usage,
+            in_flight=self.in_flight,
+            max_num_seqs=self.replica.settings.max_num_seqs,
+            updated_at=self.tracker.updated_at,
+        )
+
+    def check_health(self) -> None:
+        if self.engine.errored:
+            raise RuntimeError(f"vLLM engine died: {self.engine.dead_error}")
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "engine_start_s": self.engine_start_s, "warm_up_s": self.warm_up_s}
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # interpreter teardown: the engine processes exit with their parent
+                pass

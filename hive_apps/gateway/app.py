@@ -1,0 +1,78 @@
+"""The ``hive-gateway`` Serve app at ``/v1``: one OpenAI endpoint for every model.
+
+Stateless: it reads the set of ready models from the registry (cached for a second) and
+passes each request to the router of the model its ``model`` field names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hive_apps.auth import check_api_key, warn_if_open
+from hive_apps.openai_errors import openai_error
+from hive_apps.registry.records import ModelRecord, ModelStatus
+from hive_apps.routing.http import BodyTooLarge, model_of, read_forwarded, to_response, too_large
+from hive_apps.settings import get_settings
+
+log = logging.getLogger("ray.serve")
+
+MODELS_TTL_S = 1.0
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
+class Gateway:
+    def __init__(self):
+        self.settings = get_settings()
+        warn_if_open(self.settings, "hive-gateway")
+        self._models: dict[str, ModelRecord] = {}
+        self._models_at = 0.0
+        self._routers: dict[str, object] = {}
+
+    async def ready_models(self, refresh: bool = False) -> dict[str, ModelRecord]:
+        if refresh or time.monotonic() - self._models_at > MODELS_TTL_S:
+            records = await serve.get_app_handle("hive-registry").list_models.remote()
+            self._models = {r.model_id: r for r in records if r.status is ModelStatus.READY}
+            self._models_at = time.monotonic()
+        return self._models
+
+    def _router(self, model_id: str):
+        if model_id not in self._routers:
+            self._routers[model_id] = serve.get_app_handle(model_id).options(stream=True)
+        return self._routers[model_id]
+
+    async def __call__(self, request: Request) -> Response:
+        reason = check_api_key(self.settings, request.headers.get("authorization"))
+        if reason:
+            return openai_error(401, reason)
+        path = request.url.path
+        if request.method == "GET" and path.rstrip("/") == "/v1/models":
+            models = await self.ready_models()
+            return JSONResponse({"object": "list", "data": [
+                {"id": m, "object": "model", "created": int(r.created_at), "owned_by": "ray-hive",
+                 "max_model_len": r.plan.replicas[0].settings.max_model_len if r.plan.replicas else None}
+                for m, r in models.items()]})
+        try:
+            req = await read_forwarded(request, path)
+        except BodyTooLarge:
+            return too_large()
+        model = model_of(req)
+        if model is None:
+            return openai_error(400, "the request body must be JSON with a 'model' field naming a model from GET /v1/models", "model")
+        models = await self.ready_models()
+        if model not in models:
+            models = await self.ready_models(refresh=True)
+        if model not in models:
+            known = ", ".join(models) or "none yet"
+            return openai_error(404, f"The model `{model}` does not exist or is not ready (ready models: {known}).", "model")
+        stream = self._router(model).forward.remote(req)
+        start = await stream.__anext__()
+        return await to_response(start, stream)
+
+
+def build(_: dict | None = None):
+    return Gateway.bind()

@@ -1,0 +1,155 @@
+"""A tiny random-weight chat model, built offline in seconds: the hive's embedded default.
+
+vLLM (CPU or GPU) loads it like any Hugging Face checkpoint, so the whole path (plan,
+engine, chat template, streaming, structured output) runs with no download and no GPU.
+The answers are gibberish by design. Shape: Qwen2 with head_dim 32 (vLLM's CPU attention
+accepts 32, 64, 80, ... only), 2 layers, GQA 4:2, vocabulary 2048 from a byte-level BPE
+trained on this machine's Python sources, ChatML template that takes string or list
+content (vLLM turns message content into lists of parts before it renders).
+
+    python -m hive_apps.models.tiny --out ~/.cache/ray-hive/tiny-chat
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+# Qwen2's pre-tokenizer split, so the raw tokenizer and transformers' Qwen2 tokenizer agree.
+SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+CHAT_TEMPLATE = """\
+{%- macro text(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+<|im_start|>system
+{% if messages[0].role == 'system' %}{{ text(messages[0].content) }}
+
+{% endif %}# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call a tool with <tool_call>{"name": <name>, "arguments": <args>}</tool_call><|im_end|>
+{% elif messages[0].role == 'system' -%}
+<|im_start|>system
+{{ text(messages[0].content) }}<|im_end|>
+{% endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'system' -%}
+{%- elif m.role == 'assistant' -%}
+<|im_start|>assistant
+{{ text(m.content) }}{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>{% endfor %}{% endif %}<|im_end|>
+{% elif m.role == 'tool' -%}
+<|im_start|>user
+<tool_response>{{ text(m.content) }}</tool_response><|im_end|>
+{% else -%}
+<|im_start|>{{ m.role }}
+{{ text(m.content) }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif %}
+{%- endif -%}"""
+
+
+def corpus_files(max_bytes: int) -> list[str]:
+    """Deterministic local training text: the standard library's Python sources."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files, total = [], 0
+    for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
+        files.append(path)
+        total += os.path.getsize(path)
+        if total >= max_bytes:
+            break
+    return files
+
+
+def train_tokenizer(vocab_size: int, max_bytes: int):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(corpus_files(max_bytes), trainer)
+    return tok
+
+
+def build_tiny_model(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 1_500_000, seed: int = 0) -> Path:
+    """Write the checkpoint to ``out`` (skipped when a complete one is already there)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out).expanduser()
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(vocab_size, corpus_bytes)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    config = Qwen2Config(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+    }))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ray-hive" / "tiny-chat"))
+    print(build_tiny_model(ap.parse_args().out))
+
+
+if __name__ == "__main__":
+    main()

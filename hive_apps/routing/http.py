@@ -1,0 +1,68 @@
+"""Turn a Starlette request into a ``ForwardedRequest`` and an engine's reply stream back into a response."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
+from hive_apps.openai_errors import openai_error
+
+log = logging.getLogger("ray.serve")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+PASSED_HEADERS = {"content-type", "accept", "x-request-id"}
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() in PASSED_HEADERS]
+    return ForwardedRequest(method=request.method, path=path, query=request.url.query, headers=headers, body=b"".join(chunks))
+
+
+def model_of(req: ForwardedRequest) -> str | None:
+    """The OpenAI ``model`` field of a JSON body, if there is one."""
+    if not req.body:
+        return None
+    try:
+        body = json.loads(req.body)
+    except ValueError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def to_response(start: ResponseStart, rest: AsyncIterator[bytes | ResponseStart]) -> Response:
+    """Stream the rest of an engine's reply; a stream broken midway ends with an SSE error event."""
+    is_sse = start.content_type.startswith("text/event-stream")
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in rest:
+                if isinstance(chunk, bytes):
+                    yield chunk
+        except Exception as e:  # the replica died mid-stream
+            log.warning("stream broken: %s", e)
+            if is_sse:
+                err = {"error": {"message": f"the model replica failed mid-stream: {type(e).__name__}", "type": "ServiceUnavailableError", "code": 503}}
+                yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+
+    headers = {k: v for k, v in start.headers if k.lower() not in ("content-length", "content-type", "transfer-encoding")}
+    return StreamingResponse(body(), status_code=start.status, media_type=start.content_type, headers=headers)
+
+
+def too_large() -> Response:
+    return openai_error(413, f"request body is larger than {MAX_BODY_BYTES // 2**20} MiB")

@@ -1,0 +1,35 @@
+"""Which replica gets the next request: least loaded relative to its planned capacity.
+
+load     = requests this router has in flight to the replica
+           + the engine's own running and waiting requests not already counted
+capacity = the replica's planned max_num_seqs
+score    = load / capacity; ties go to the lower absolute load, then to the lower index.
+
+A replica with max_num_seqs 256 on an H100 therefore takes about eight times the
+requests of one with 32 on an L4 before they look equally busy.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class ReplicaView(BaseModel):
+    index: int
+    capacity: int  # planned max_num_seqs
+    in_flight: int = 0  # from this router
+    engine_running: int = 0
+    engine_waiting: int = 0
+    healthy: bool = True
+
+    @property
+    def load(self) -> int:
+        # The engine's counts include this router's requests once they reach it.
+        return max(self.in_flight, self.engine_running + self.engine_waiting)
+
+
+def choose_replica(replicas: list[ReplicaView], exclude: set[int] = frozenset()) -> ReplicaView | None:
+    candidates = [r for r in replicas if r.healthy and r.index not in exclude]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (r.load / max(1, r.capacity), r.load, r.index))

@@ -1,0 +1,120 @@
+"""The deploy request: what a user asks for in ``POST /admin/models`` and ``POST /admin/plan``.
+
+It is shared by the admin (validation), the planner (sizing) and the registry (the record
+of a model), so it lives outside any one subsystem. Every field error names the field and
+how to fix it, because that text is what the user sees in the 4xx body.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RESERVED_MODEL_IDS = frozenset({"admin", "v1", "docs", "openapi.json", "metrics", "healthz"})
+RESERVED_PREFIX = "hive-"
+MODEL_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+:(gpu\d+|cpu)$")
+
+
+class EngineKind(str, Enum):
+    VLLM = "vllm"
+    SIM = "sim"
+
+
+class Allocation(str, Enum):
+    """How auto placement ranks devices (the full policy set is a later issue)."""
+
+    PERFORMANCE = "performance"
+    CONSERVE_TDP = "conserve_tdp"
+
+
+class ModelSpec(BaseModel):
+    """Body of ``POST /admin/models`` and ``POST /admin/plan``."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_id: str = Field(description="Unique slug; the model's route is /<model_id> and its OpenAI name.")
+    model: str = Field(description="A local model folder, or a Hugging Face name already in the local cache.")
+    max_input_prompt_length: int = Field(1024, ge=1, le=1_048_576)
+    max_output_prompt_length: int = Field(256, ge=0, le=1_048_576)
+    replicas: int = Field(1, description=">= 1, or -1 for one replica on every eligible device.")
+    gpu: str | list[str] | None = Field(
+        None, description='null (auto), "node:gpuN" (pin), or a list of pins.'
+    )
+    allocation: Allocation = Allocation.PERFORMANCE
+    sleep_timeout: float | None = Field(None, ge=0, description="Seconds idle before the engine sleeps.")
+    idle_timeout: float | None = Field(None, ge=0, description="Seconds idle before the model is removed.")
+    engine: EngineKind = EngineKind.VLLM
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model_id")
+    @classmethod
+    def _model_id_is_a_free_slug(cls, v: str) -> str:
+        if not MODEL_ID_RE.match(v):
+            raise ValueError(
+                "must be a lowercase slug (a-z, 0-9, '-', 1-63 chars, starting and ending "
+                f"with a letter or digit), got {v!r}; for example 'qwen3-8b'"
+            )
+        if v in RESERVED_MODEL_IDS or v.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
+                f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
+            )
+        return v
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_positive_or_all(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"must be >= 1, or -1 for every eligible device; got {v}")
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_names_are_device_ids(cls, v: str | list[str] | None) -> str | list[str] | None:
+        names = [v] if isinstance(v, str) else (v or [])
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list pins nothing; use null for automatic placement")
+        for name in names:
+            if not DEVICE_ID_RE.match(name):
+                raise ValueError(
+                    f"{name!r} is not a device name; use '<node>:gpu<index>' (or '<node>:cpu') "
+                    "as listed by GET /admin/gpus"
+                )
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError("lists the same device twice; name each device once")
+        return v
+
+    @field_validator("vllm_kwargs")
+    @classmethod
+    def _vllm_kwargs_not_owned_by_hive(cls, v: dict[str, Any]) -> dict[str, Any]:
+        owned = {"model", "served_model_name", "device"}
+        clash = owned.intersection(v)
+        if clash:
+            raise ValueError(
+                f"{sorted(clash)} are set by the hive (from 'model', 'model_id' and the placement); "
+                "remove them from vllm_kwargs"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _pins_match_replicas(self) -> "ModelSpec":
+        if isinstance(self.gpu, list) and self.replicas not in (1, len(self.gpu)):
+            raise ValueError(
+                f"gpu lists {len(self.gpu)} devices but replicas={self.replicas}: use "
+                f"replicas={len(self.gpu)} for one replica per device, or replicas=1 for one "
+                "tensor-parallel replica over all of them"
+            )
+        if isinstance(self.gpu, str) and self.replicas != 1:
+            raise ValueError(
+                f"gpu pins one device but replicas={self.replicas}: pin a list of devices, "
+                "or set replicas=1"
+            )
+        return self
+
+    @property
+    def pins(self) -> list[str]:
+        return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu or [])
