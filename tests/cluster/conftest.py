@@ -1,0 +1,26 @@
+import pytest
+
+from tests.harness import ROOT, start_hive, stop_hive
+
+SIM_MODEL = str(ROOT / "tests" / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
+
+# Node A: 2 x H100; node B: 2 x L4 + 1 x A10; the head is a CPU-only node.
+NODES = [
+    {"labels": {"ray-hive/node": "node-a", "ray-hive/sim-gpus": "H100-80GB.H100-80GB"}},
+    {"labels": {"ray-hive/node": "node-b", "ray-hive/sim-gpus": "L4.L4.A10"}},
+]
+
+
+@pytest.fixture(scope="package")
+def hive():
+    h = start_hive(NODES)
+    yield h
+    stop_hive(h)
+
+
+@pytest.fixture
+def clean(hive):
+    """Every test starts and ends with no model deployed."""
+    hive.admin.delete("/models")
+    yield hive
+    hive.admin.delete("/models")

@@ -1,0 +1,183 @@
+"""The whole control plane on a simulated three-node cluster, with the sim engine."""
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import ray
+
+from tests.cluster.conftest import SIM_MODEL
+from tests.harness import API_KEY
+
+pytestmark = pytest.mark.cluster
+
+
+def sim_spec(model_id: str, **kw) -> dict:
+    return {"model_id": model_id, "model": SIM_MODEL, "engine": "sim", "max_input_prompt_length": 512,
+            "max_output_prompt_length": 128, "vllm_kwargs": {"sim_tokens_per_s": 500}, **kw}
+
+
+def test_registry_lists_every_device(hive):
+    gpus = hive.gpus()
+    assert {"head:cpu", "node-a:gpu0", "node-a:gpu1", "node-b:gpu0", "node-b:gpu1", "node-b:gpu2"} <= set(gpus)
+    a0 = gpus["node-a:gpu0"]
+    assert a0["device"]["name"] == "H100-80GB" and a0["total_bytes"] == 80 * 2**30
+    assert gpus["node-b:gpu2"]["device"]["name"] == "A10"
+    assert gpus["head:cpu"]["device"]["kind"] == "cpu"
+    for d in gpus.values():
+        assert d["free_bytes"] + d["used_bytes"] == d["total_bytes"]
+
+
+def test_deploy_chat_stream_delete(clean):
+    hive = clean
+    r = hive.deploy(**sim_spec("sim-chat", gpu="node-a:gpu0"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ready" and body["route"] == "/sim-chat" and body["openai_v1"] == "/v1"
+    r0 = body["replicas"]["r0"]
+    assert r0["devices"] == ["node-a:gpu0"] and r0["settings"]["max_num_seqs"] >= 1
+    reserved = hive.gpus()["node-a:gpu0"]
+    assert reserved["reserved_bytes"] == r0["reservation_bytes"] > 0
+    assert reserved["replicas"] == ["sim-chat/r0"]
+
+    for base in (f"{hive.url}/v1", f"{hive.url}/sim-chat/v1"):
+        client = openai.OpenAI(base_url=base, api_key=API_KEY)
+        assert "sim-chat" in [m.id for m in client.models.list().data]
+        out = client.chat.completions.create(model="sim-chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert out.usage.completion_tokens == 4 and out.choices[0].message.content
+        chunks = list(client.chat.completions.create(model="sim-chat", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=3, stream=True))
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 3
+        comp = client.completions.create(model="sim-chat", prompt="once", max_tokens=2)
+        assert comp.usage.completion_tokens == 2
+
+    r = hive.admin.delete("/models/sim-chat")
+    assert r.status_code == 200
+    assert hive.gpus()["node-a:gpu0"]["reserved_bytes"] == 0
+    assert "sim-chat" not in hive.serve_apps()
+    models = httpx.get(f"{hive.url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert "sim-chat" not in [m["id"] for m in models["data"]]
+
+
+def test_pinned_replicas_on_different_cards_get_different_plans(clean):
+    hive = clean
+    r = hive.deploy(**sim_spec("sim-two", gpu=["node-a:gpu1", "node-b:gpu0"], replicas=2))
+    assert r.status_code == 200, r.text
+    reps = r.json()["replicas"]
+    assert reps["r0"]["devices"] == ["node-a:gpu1"] and reps["r1"]["devices"] == ["node-b:gpu0"]
+    assert reps["r0"]["settings"] != reps["r1"]["settings"]  # an H100 and an L4 are planned separately
+    gpus = hive.gpus()
+    assert gpus["node-a:gpu1"]["reserved_bytes"] > 0 and gpus["node-b:gpu0"]["reserved_bytes"] > 0
+    client = openai.OpenAI(base_url=f"{hive.url}/v1", api_key=API_KEY)
+    for _ in range(4):
+        client.chat.completions.create(model="sim-two", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+
+
+def test_failed_deploy_leaves_nothing_behind(clean):
+    hive = clean
+    spec = sim_spec("sim-broken", gpu="node-b:gpu1")
+    spec["vllm_kwargs"]["sim_fail_start"] = True
+    before = hive.gpus()["node-b:gpu1"]["reserved_bytes"]
+    r = hive.deploy(**spec)
+    assert r.status_code == 422
+    assert "sim_fail_start" in r.json()["error"]["message"]
+    status = hive.admin.get("/models/sim-broken").json()
+    assert status["status"] == "failed" and "sim_fail_start" in status["message"]
+    assert hive.gpus()["node-b:gpu1"]["reserved_bytes"] == before
+    assert "sim-broken" not in hive.serve_apps()
+    # the same id can be deployed again once the cause is fixed
+    spec["vllm_kwargs"]["sim_fail_start"] = False
+    assert hive.deploy(**spec).status_code == 200
+
+
+def test_async_deploy_returns_202_with_status_url(clean):
+    hive = clean
+    r = hive.deploy(wait=False, **sim_spec("sim-async"))
+    assert r.status_code == 202
+    url = r.json()["status_url"]
+    assert url == "/admin/models/sim-async"
+    deadline = time.time() + 120
+    while hive.admin.get("/models/sim-async").json()["status"] != "ready":
+        assert time.time() < deadline
+        time.sleep(0.5)
+    # auto placement of a sim engine picks a GPU, never the CPU node
+    dev = hive.admin.get("/models/sim-async").json()["replicas"]["r0"]["devices"][0]
+    assert ":gpu" in dev
+
+
+def test_bad_requests_get_clear_4xx(clean):
+    hive = clean
+    r = hive.deploy(**sim_spec("Bad_Id"))
+    assert r.status_code == 422 and r.json()["error"]["field"] == "model_id"
+    r = hive.deploy(**sim_spec("hive-x"))
+    assert r.status_code == 422 and "reserved" in r.json()["error"]["message"]
+    r = hive.deploy(**{**sim_spec("x1"), "replicaz": 2})
+    assert r.status_code == 422 and "unknown field" in r.json()["error"]["message"]
+    r = hive.deploy(**sim_spec("x2", gpu="node-z:gpu9"))
+    assert r.status_code == 404 and "node-z:gpu9" in r.json()["error"]["message"]
+    r = hive.deploy(**sim_spec("x3", model="/no/such/model"))
+    assert r.status_code == 422 and "/no/such/model" in r.json()["error"]["message"]
+    assert hive.deploy(**sim_spec("dup")).status_code == 200
+    r = hive.deploy(**sim_spec("dup"))
+    assert r.status_code == 409 and r.json()["error"]["field"] == "model_id"
+    assert httpx.get(f"{hive.url}/admin/models").status_code == 401
+    assert hive.admin.get("/models/nope").status_code == 404
+    # nothing but "dup" holds memory
+    held = {rep for d in hive.gpus().values() for rep in d["replicas"]}
+    assert held == {"dup/r0"}
+
+
+def test_openai_errors_on_v1(clean):
+    hive = clean
+    url = f"{hive.url}/v1/chat/completions"
+    r = httpx.post(url, json={"model": "x", "messages": []})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    r = hive.api.post("/v1/chat/completions", json={"model": "ghost", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = hive.api.post("/v1/chat/completions", content=b"not json")
+    assert r.status_code == 400
+
+
+def test_plan_dry_run_reserves_nothing(clean):
+    hive = clean
+    before = {k: v["reserved_bytes"] for k, v in hive.gpus().items()}
+    r = hive.admin.post("/plan", json=sim_spec("what-if", gpu="node-b:gpu2"))
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["replicas"][0]["devices"] == ["node-b:gpu2"]
+    text = hive.admin.post("/plan", params={"format": "text"}, json=sim_spec("what-if", gpu="node-b:gpu2")).text
+    assert "node-b:gpu2" in text and "max_num_seqs" in text
+    assert {k: v["reserved_bytes"] for k, v in hive.gpus().items()} == before
+    assert hive.admin.get("/models/what-if").status_code == 404
+
+
+def _kill_replica_of(app: str) -> None:
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{app}#" in a["name"]]
+    assert names, f"no replica actor for {app}"
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+
+
+@pytest.mark.parametrize("app", ["hive-registry", "hive-admin", "hive-gateway"])
+def test_control_plane_restart_loses_nothing(clean, app):
+    hive = clean
+    assert hive.deploy(**sim_spec("durable", gpu="node-b:gpu0")).status_code == 200
+    reserved = hive.gpus()["node-b:gpu0"]["reserved_bytes"]
+    _kill_replica_of(app)
+    deadline = time.time() + 90
+    while True:
+        try:
+            r = hive.admin.get("/models/durable", timeout=5)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, f"{app} did not come back"
+        time.sleep(1)
+    assert r.json()["status"] == "ready"
+    assert hive.gpus()["node-b:gpu0"]["reserved_bytes"] == reserved
+    out = hive.api.post("/v1/chat/completions", json={"model": "durable", "max_tokens": 2,
+                                                      "messages": [{"role": "user", "content": "still there?"}]})
+    assert out.status_code == 200, out.text
+    assert json.loads(out.text)["usage"]["completion_tokens"] == 2

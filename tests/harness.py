@@ -1,0 +1,115 @@
+"""A real hive on a local multi-node Ray cluster, deployed from serve_configs/hive.yaml.
+
+Each node is a real raylet (``ray.cluster_utils.Cluster``); simulated GPUs come from the
+``ray-hive/sim-gpus`` label exactly as in production. The base config goes through the
+dashboard's REST API like ``serve deploy`` does. Never ``ray stop`` here: it would kill
+every Ray process on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN_TOKEN = "test-admin-token"
+API_KEY = "test-api-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Hive:
+    url: str
+    cluster: object
+    admin: httpx.Client = field(init=False)
+    api: httpx.Client = field(init=False)
+
+    def __post_init__(self):
+        self.admin = httpx.Client(base_url=f"{self.url}/admin", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=600)
+        self.api = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
+
+    def deploy(self, wait: bool = True, **spec) -> httpx.Response:
+        return self.admin.post("/models", params={"wait": str(wait).lower()}, json=spec)
+
+    def gpus(self) -> dict[str, dict]:
+        return {d["device"]["id"]: d for d in self.admin.get("/gpus").json()["devices"]}
+
+    def serve_apps(self) -> set[str]:
+        from ray import serve
+
+        return set(serve.status().applications)
+
+
+def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Hive:
+    """Start a cluster (head + ``nodes``), deploy the hive config, and wait for /admin/healthz."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    os.environ.update({
+        "RAY_AUTH_MODE": "disabled",
+        "HIVE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "HIVE_API_KEYS": API_KEY,
+        "HIVE_MONITOR_INTERVAL_S": "0.5",
+        "HIVE_DEPLOY_TIMEOUT_S": "600",
+        **(env or {}),
+    })
+    dashboard_port, http_port = free_port(), free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": True,
+            "dashboard_port": dashboard_port,
+            "labels": {"ray-hive/node": "head", **(head_labels or {})},
+        },
+    )
+    for node in nodes:
+        cluster.add_node(num_cpus=1, **node)
+    ray.init(address=cluster.address, logging_level="WARNING")
+
+    config = yaml.safe_load((ROOT / "serve_configs" / "hive.yaml").read_text())
+    config["http_options"] = {"host": "127.0.0.1", "port": http_port}
+    client = ServeSubmissionClient(f"http://127.0.0.1:{dashboard_port}")
+    deadline = time.time() + 60
+    while True:  # the dashboard's REST API answers a few seconds after the head is up
+        try:
+            client.deploy_applications(config)
+            break
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
+    hive = Hive(url=f"http://127.0.0.1:{http_port}", cluster=cluster)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            r = hive.admin.get("/healthz", timeout=5)
+            if r.status_code == 200 and r.json()["registry"]["devices"] >= len(nodes) + 1:
+                return hive
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("the hive did not become healthy within 180 s")
+
+
+def stop_hive(hive: Hive) -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        hive.cluster.shutdown()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install Ray Hive with its test extras and run every test tier, one tier at a time
+# (the cluster and engine tiers each start their own local Ray cluster).
+#   tests/run.sh            # unit, cluster, engine
+#   tests/run.sh unit       # one tier
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash examples/install.sh dev
+. .venv/bin/activate
+export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export RAY_TMPDIR="${RAY_TMPDIR:-/tmp/ray-hive-tests}"
+mkdir -p "$RAY_TMPDIR"
+tiers=("${@:-unit cluster engine}")
+status=0
+for tier in ${tiers[@]}; do
+  echo "=== tier: $tier ==="
+  start=$(date +%s)
+  python -m pytest "tests/$tier" -q -p no:cacheprovider --durations=5 || status=1
+  echo "=== tier $tier took $(( $(date +%s) - start ))s ==="
+done
+exit $status

@@ -1,0 +1,42 @@
+from hive_apps.auth import bearer_token, check_admin_token, check_api_key
+from hive_apps.settings import HiveSettings
+
+
+def test_bearer_parsing():
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token(None) is None
+
+
+def test_fails_closed_when_nothing_configured():
+    s = HiveSettings()
+    assert "HIVE_API_KEYS" in check_api_key(s, "Bearer x")
+    assert "HIVE_ADMIN_TOKEN" in check_admin_token(s, None)
+    open_ = HiveSettings(auth_disabled=True)
+    assert check_api_key(open_, None) is None and check_admin_token(open_, None) is None
+
+
+def test_keys_and_token_checked():
+    s = HiveSettings(admin_token="adm", api_keys=["k1", "k2"])
+    assert check_api_key(s, "Bearer k2") is None
+    assert "invalid" in check_api_key(s, "Bearer nope")
+    assert check_admin_token(s, "Bearer adm") is None
+    assert "invalid" in check_admin_token(s, "Bearer k1")
+
+
+def test_key_file_is_reread(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("a\n")
+    s = HiveSettings(api_keys_file=f)
+    assert check_api_key(s, "Bearer a") is None
+    f.write_text("b\n")
+    assert check_api_key(s, "Bearer a") is not None
+    assert check_api_key(s, "Bearer b") is None
+
+
+def test_settings_from_env(monkeypatch):
+    monkeypatch.setenv("HIVE_API_KEYS", "x, y,")
+    monkeypatch.setenv("HIVE_MEMORY_BUDGET_FRACTION", "0.8")
+    s = HiveSettings.from_env()
+    assert s.api_keys == ["x", "y"] and s.memory_budget_fraction == 0.8

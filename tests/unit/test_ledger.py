@@ -1,0 +1,78 @@
+import pytest
+
+from hive_apps.registry.devices import Device, DeviceKind
+from hive_apps.registry.ledger import Ledger, ReservationError
+from hive_apps.registry.records import Reservation, ReservationState
+
+GIB = 2**30
+
+
+def gpu(node: str, i: int, total=80 * GIB, used=0) -> Device:
+    return Device(id=f"{node}:gpu{i}", node_id=f"id-{node}", node_name=node, kind=DeviceKind.SIM_GPU,
+                  index=i, name="H100-80GB", total_bytes=total, used_bytes=used)
+
+
+def res(model: str, devices: list[str], gib: float, replica: int = 0) -> Reservation:
+    return Reservation(model_id=model, replica=replica, devices=devices, bytes_per_device=int(gib * GIB))
+
+
+@pytest.fixture
+def ledger():
+    led = Ledger(budget_fraction=0.9)
+    led.update_node("id-a", [gpu("a", 0), gpu("a", 1)])
+    return led
+
+
+def test_available_is_budget_minus_reserved_and_foreign(ledger):
+    ledger.update_node("id-b", [gpu("b", 0, used=10 * GIB)])
+    ledger.reserve([res("m", ["a:gpu0"], 20)])
+    by_id = {s.device.id: s for s in ledger.states()}
+    assert by_id["a:gpu0"].available_bytes == int(0.9 * 80 * GIB) - 20 * GIB
+    assert by_id["a:gpu0"].replicas == ["m/r0"]
+    # 10 GiB used by something the hive did not reserve counts as foreign
+    assert by_id["b:gpu0"].foreign_bytes == 10 * GIB
+    assert by_id["b:gpu0"].available_bytes == int(0.9 * 80 * GIB) - 10 * GIB
+
+
+def test_used_memory_explained_by_reservations_is_not_foreign(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 20)])
+    ledger.update_node("id-a", [gpu("a", 0, used=18 * GIB), gpu("a", 1)])
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.foreign_bytes == 0 and s.reserved_bytes == 20 * GIB
+
+
+def test_reserve_is_all_or_nothing(ledger):
+    ledger.reserve([res("big", ["a:gpu1"], 60)])
+    with pytest.raises(ReservationError, match="short by"):
+        ledger.reserve([res("m", ["a:gpu0"], 10, 0), res("m", ["a:gpu1"], 20, 1)])
+    assert ledger.of_model("m") == []
+    assert ledger.reserved_on("a:gpu0") == 0
+
+
+def test_tp_reservation_books_every_device(ledger):
+    ledger.reserve([res("tp", ["a:gpu0", "a:gpu1"], 30)])
+    assert ledger.reserved_on("a:gpu0") == ledger.reserved_on("a:gpu1") == 30 * GIB
+
+
+def test_unknown_device_and_double_reservation(ledger):
+    with pytest.raises(ReservationError, match="not in the registry"):
+        ledger.reserve([res("m", ["zz:gpu0"], 1)])
+    ledger.reserve([res("m", ["a:gpu0"], 1)])
+    with pytest.raises(ReservationError, match="already holds"):
+        ledger.reserve([res("m", ["a:gpu1"], 1)])
+
+
+def test_release_and_activate(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 5), res("m", ["a:gpu1"], 5, 1)])
+    ledger.activate("m")
+    assert {r.state for r in ledger.of_model("m")} == {ReservationState.ACTIVE}
+    assert len(ledger.release("m")) == 2
+    assert ledger.reserved_on("a:gpu0") == 0
+
+
+def test_node_updates_replace_and_drop(ledger):
+    ledger.update_node("id-a", [gpu("a", 0)])
+    assert set(ledger.devices) == {"a:gpu0"}
+    ledger.update_node("id-b", [gpu("b", 0)])
+    ledger.drop_nodes_except({"id-b"})
+    assert set(ledger.devices) == {"b:gpu0"}

@@ -1,0 +1,29 @@
+from hive_apps.routing.policy import ReplicaView, choose_replica
+
+
+def test_relative_load_beats_absolute_load():
+    big = ReplicaView(index=0, capacity=256, in_flight=40)
+    small = ReplicaView(index=1, capacity=32, in_flight=8)
+    assert choose_replica([big, small]).index == 0  # 40/256 < 8/32
+
+
+def test_ties_go_to_lower_absolute_load_then_index():
+    a = ReplicaView(index=0, capacity=100, in_flight=10)
+    b = ReplicaView(index=1, capacity=10, in_flight=1)
+    assert choose_replica([a, b]).index == 1
+    c = ReplicaView(index=2, capacity=10, in_flight=1)
+    assert choose_replica([c, b]).index == 1
+
+
+def test_engine_reported_load_counts():
+    a = ReplicaView(index=0, capacity=10, in_flight=0, engine_running=9, engine_waiting=3)
+    b = ReplicaView(index=1, capacity=10, in_flight=2)
+    assert a.load == 12
+    assert choose_replica([a, b]).index == 1
+
+
+def test_unhealthy_and_excluded_are_skipped():
+    a = ReplicaView(index=0, capacity=10, healthy=False)
+    b = ReplicaView(index=1, capacity=10, in_flight=5)
+    assert choose_replica([a, b]).index == 1
+    assert choose_replica([a, b], exclude={1}) is None

@@ -1,0 +1,74 @@
+import asyncio
+import json
+
+import pytest
+
+from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
+from hive_apps.engine.sim_engine import SimEngine
+
+from .helpers import replica_plan
+
+
+def engine(**kw) -> SimEngine:
+    return SimEngine("sim-model", "", replica_plan(**kw))
+
+
+async def test_chat_and_warm_up():
+    e = engine(sim_tokens_per_s=2000)
+    assert await e.warm_up() >= 0
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "max_tokens": 5,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200
+    assert body["usage"]["completion_tokens"] == 5
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+async def test_stream_ends_with_done_and_usage():
+    e = engine(sim_tokens_per_s=2000)
+    body = {"model": "sim-model", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}]}
+    items = [i async for i in e.forward(ForwardedRequest(path="/v1/chat/completions", body=json.dumps(body).encode()))]
+    assert isinstance(items[0], ResponseStart) and items[0].content_type.startswith("text/event-stream")
+    text = b"".join(i for i in items[1:]).decode()
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == 3
+
+
+async def test_admission_caps_running_at_max_num_seqs():
+    e = engine(max_num_seqs=2, sim_tokens_per_s=50)
+    peak = 0
+
+    async def watch():
+        nonlocal peak
+        for _ in range(40):
+            peak = max(peak, e.load().running)
+            await asyncio.sleep(0.01)
+
+    req = {"model": "sim-model", "prompt": "x", "max_tokens": 5}
+    await asyncio.gather(watch(), *(e.call_json("/v1/completions", req) for _ in range(5)))
+    assert peak == 2
+    assert e.load().running == 0 and e.load().waiting == 0
+
+
+async def test_errors_are_openai_shaped():
+    e = engine(max_model_len=64)
+    status, body = await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "x" * 400, "max_tokens": 8})
+    assert status == 400 and "maximum context length is 64" in body["error"]["message"]
+    status, body = await e.call_json("/v1/completions", {"model": "other", "prompt": "x"})
+    assert status == 404 and body["error"]["param"] == "model"
+
+
+async def test_embeddings_deterministic_and_base64():
+    e = engine()
+    _, a = await e.call_json("/v1/embeddings", {"input": ["same", "other"]})
+    _, b = await e.call_json("/v1/embeddings", {"input": "same"})
+    assert len(a["data"][0]["embedding"]) == 384
+    assert a["data"][0]["embedding"] == b["data"][0]["embedding"] != a["data"][1]["embedding"]
+    _, c = await e.call_json("/v1/embeddings", {"input": "same", "encoding_format": "base64"})
+    assert isinstance(c["data"][0]["embedding"], str)
+
+
+def test_failure_injection():
+    with pytest.raises(RuntimeError, match="sim_fail_start"):
+        engine(sim_fail_start=True)
