@@ -77,6 +77,34 @@ def require_admin(request: Request) -> None:
         raise AdminError(401, reason)
 
 
+async def _engine_start_times(model_id: str, rec: ModelRecord) -> dict[str, float]:
+    """How long each engine took to start by itself, as the replicas measured it."""
+    out = {}
+    for rp in rec.plan.replicas:
+        try:
+            handle = serve.get_deployment_handle(f"engine-r{rp.index}", app_name=model_id)
+            info = await asyncio.wait_for(handle.info.remote(), timeout=10)
+            if "engine_start_s" in info:
+                out[f"r{rp.index}"] = round(info["engine_start_s"], 2)
+        except Exception as e:  # informational only
+            log.warning("no start time from %s/r%d: %s", model_id, rp.index, e)
+    return out
+
+
+def _app_status(model_id: str) -> tuple[str, str]:
+    apps = serve.status().applications
+    app_status = apps.get(model_id)
+    if app_status is None:
+        return "MISSING", "the app is not known to Serve"
+    messages = [app_status.message] + [d.message for d in app_status.deployments.values() if d.message]
+    return app_status.status, " | ".join(m for m in messages if m)[:2000]
+
+
+def _delete_app(model_id: str) -> None:
+    if model_id in serve.status().applications:
+        serve.delete(model_id, _blocking=True)
+
+
 @serve.deployment(num_replicas=1, max_ongoing_requests=200, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class Admin:
@@ -165,6 +193,7 @@ class Admin:
                 status, message = await asyncio.to_thread(_app_status, model_id)
                 if status == ApplicationStatus.RUNNING:
                     rec.status, rec.ready_at = ModelStatus.READY, time.time()
+                    rec.engine_start_s = await _engine_start_times(model_id, rec)
                     await self.registry.put_model.remote(rec)
                     await self.registry.activate.remote(model_id)
                     log.info("model %s ready in %.1fs", model_id, rec.ready_at - rec.created_at)
@@ -246,20 +275,6 @@ class Admin:
     @app.get("/healthz")
     async def healthz(self):
         return {"status": "ok", "registry": await self.registry.healthz.remote()}
-
-
-def _app_status(model_id: str) -> tuple[str, str]:
-    apps = serve.status().applications
-    app_status = apps.get(model_id)
-    if app_status is None:
-        return "MISSING", "the app is not known to Serve"
-    messages = [app_status.message] + [d.message for d in app_status.deployments.values() if d.message]
-    return app_status.status, " | ".join(m for m in messages if m)[:2000]
-
-
-def _delete_app(model_id: str) -> None:
-    if model_id in serve.status().applications:
-        serve.delete(model_id, _blocking=True)
 
 
 def build(_: dict | None = None):

@@ -15,6 +15,7 @@ class ReplicaStatus(BaseModel):
     settings: EngineSettings
     memory: MemoryBreakdown
     reservation_bytes: int
+    engine_start_s: float | None = None
 
 
 class ModelStatusResponse(BaseModel):
@@ -46,6 +47,7 @@ class ModelStatusResponse(BaseModel):
                 f"r{rp.index}": ReplicaStatus(
                     node=rp.node_name, devices=rp.devices, device_kind=rp.device_kind.value,
                     settings=rp.settings, memory=rp.memory, reservation_bytes=rp.reservation_bytes,
+                    engine_start_s=rec.engine_start_s.get(f"r{rp.index}"),
                 )
                 for rp in rec.plan.replicas
             },

@@ -46,3 +46,4 @@ class ModelRecord(BaseModel):
     message: str = ""
     created_at: float = Field(default_factory=time.time)
     ready_at: float | None = None
+    engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start

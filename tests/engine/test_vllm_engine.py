@@ -28,7 +28,8 @@ def tiny(hive, tiny_model):
     assert r.status_code == 200, r.text
     body = r.json()
     print(f"\n[figure] tiny model: POST /admin/models -> ready in {elapsed:.1f}s "
-          f"(server-side deploy_seconds={body['deploy_seconds']})")
+          f"(server-side deploy_seconds={body['deploy_seconds']}, "
+          f"of which vLLM's own start {body['replicas']['r0']['engine_start_s']}s)")
     yield body
     assert hive.admin.delete("/models/tiny").status_code == 200
 
@@ -43,6 +44,7 @@ def test_tiny_deploy_status_and_reservation(hive, tiny):
     r0 = tiny["replicas"]["r0"]
     assert r0["devices"] == ["head:cpu"] and r0["device_kind"] == "cpu"
     assert r0["settings"]["kv_cache_memory_bytes"] > 0
+    assert 0 < r0["engine_start_s"] < tiny["deploy_seconds"]
     assert hive.gpus()["head:cpu"]["replicas"] == ["tiny/r0"]
 
 
