@@ -55,6 +55,7 @@ class ReplicaPlan(BaseModel):
     reservation_bytes: int  # reserved on each device of the replica (= memory.total)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # final vLLM args: user kwargs + settings
     expected_tokens_per_s: float | None = None  # the planner's throughput estimate
+    notes: list[str] = Field(default_factory=list)  # e.g. a dtype fallback, a CPU fallback
 
 
 class Rejection(BaseModel):
@@ -81,6 +82,7 @@ class Plan(BaseModel):
     profile: ProfileSummary
     replicas: list[ReplicaPlan]
     rejected: list[Rejection] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # model-level remarks (dtype downcast, MM budget)
 
 
 class PlanningError(Exception):

@@ -1,0 +1,72 @@
+"""Planning test helpers: DeviceCapacity from the GPU catalog, fixture profiles, a KV hook (no Ray)."""
+
+from __future__ import annotations
+
+from hive_apps.planning.types import DeviceCapacity
+from hive_apps.registry.catalog import GIB, lookup
+from hive_apps.registry.devices import Device, DeviceKind
+
+BUDGET = 0.90  # what a registry typically lets the hive fill
+
+
+def gpu(key: str, node: str = "n1", index: int = 0, *, kind: DeviceKind = DeviceKind.GPU,
+        used_gib: float = 0.0, available: int | None = None, free: int | None = None,
+        hive_replicas: list[str] | None = None) -> DeviceCapacity:
+    g = lookup(key)
+    used = int(used_gib * GIB)
+    device = Device(
+        id=f"{node}:gpu{index}", node_id=f"id-{node}", node_name=node, kind=kind, index=index,
+        name=g.name, total_bytes=g.memory_bytes, used_bytes=used,
+        compute_capability=g.compute_capability, sm_count=g.sm_count,
+        memory_bandwidth_gbps=g.memory_bandwidth_gbps, tdp_w=g.tdp_w, fp16_tflops=g.fp16_tflops,
+    )
+    if free is None:
+        free = g.memory_bytes - used
+    if available is None:
+        available = max(0, int(BUDGET * g.memory_bytes) - used)
+    return DeviceCapacity(device=device, available_bytes=available, free_bytes=free,
+                          hive_replicas=list(hive_replicas or []))
+
+
+def cpu(node: str = "c1", total_gib: float = 64, cores: int = 16, *, used_gib: float = 0.0,
+        hive_replicas: list[str] | None = None) -> DeviceCapacity:
+    total = int(total_gib * GIB)
+    used = int(used_gib * GIB)
+    device = Device(id=f"{node}:cpu", node_id=f"id-{node}", node_name=node, kind=DeviceKind.CPU,
+                    name="CPU", total_bytes=total, used_bytes=used, cpu_count=cores)
+    return DeviceCapacity(device=device, available_bytes=max(0, int(BUDGET * total) - used),
+                          free_bytes=total - used, hive_replicas=list(hive_replicas or []))
+
+
+# ---- model profiles from the fixture configs ---------------------------------------------
+
+import functools  # noqa: E402
+import os  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "model_configs")
+
+
+def fixture_path(name: str) -> str:
+    return os.path.abspath(os.path.join(FIXTURES, name))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_profile(name: str, frozen_kwargs: tuple):
+    from hive_apps.planning.profile import load_profile
+
+    return load_profile(fixture_path(name), dict(frozen_kwargs))
+
+
+def profile(name: str, **vllm_kwargs):
+    """The profile of a fixture model (cached: transformers is slow only the first time)."""
+    return _cached_profile(name, tuple(sorted(vllm_kwargs.items())))
+
+
+class DoubleKV:
+    """A ``hive_attention_cls`` for the tests: twice the default KV per token."""
+
+    def __init__(self, profile):
+        self.base = profile.kv_bytes_per_token(1)
+
+    def kv_bytes_per_token(self, tensor_parallel_size: int) -> int:
+        return 2 * self.base // tensor_parallel_size

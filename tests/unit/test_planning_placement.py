@@ -1,0 +1,171 @@
+"""Placement: pins, automatic choice by policy, co-location, tensor-parallel groups, CPU fallback, taints."""
+
+from __future__ import annotations
+
+import pytest
+
+from hive_apps.planning.planner import plan_deployment
+from hive_apps.planning.types import PlanningError
+from hive_apps.registry.devices import DeviceKind
+from hive_apps.spec import ModelSpec
+from tests.unit.planning_fixtures import cpu, fixture_path, gpu, profile
+
+QWEN8 = "Qwen__Qwen3-8B"
+SMALL = "Qwen__Qwen3-0.6B"
+
+
+def plan(name: str, devices, **spec_fields):
+    spec = ModelSpec(model_id="m", model=fixture_path(name), **spec_fields)
+    return plan_deployment(spec, devices, profile(name, **{k: v for k, v in spec.vllm_kwargs.items()}))
+
+
+def replica_devices(p) -> list[list[str]]:
+    return [r.devices for r in p.replicas]
+
+
+# ---- pins --------------------------------------------------------------------------------
+
+
+def test_unknown_pin_is_404_listing_known_devices():
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [gpu("L4", "a", 0), gpu("L4", "a", 1)], gpu="b:gpu7")
+    assert err.value.status_code == 404
+    assert "b:gpu7" in err.value.message and "a:gpu0" in err.value.message and "a:gpu1" in err.value.message
+
+
+def test_single_pin_places_there_even_if_a_better_device_exists():
+    p = plan(SMALL, [gpu("H100-80GB", "a", 0), gpu("L4", "a", 1)], gpu="a:gpu1")
+    assert replica_devices(p) == [["a:gpu1"]]
+    assert p.replicas[0].device_indices == [1]
+
+
+def test_pin_list_with_as_many_replicas_gives_one_replica_each():
+    p = plan(SMALL, [gpu("L4", "a", 0), gpu("A10", "b", 0)], gpu=["a:gpu0", "b:gpu0"], replicas=2)
+    assert replica_devices(p) == [["a:gpu0"], ["b:gpu0"]]
+    assert all(r.settings.tensor_parallel_size == 1 for r in p.replicas)
+
+
+def test_pin_list_with_one_replica_is_a_tensor_parallel_group():
+    devices = [gpu("H100-80GB", "a", i) for i in range(2)]
+    p = plan("meta-llama__Llama-3.1-70B", devices, gpu=["a:gpu0", "a:gpu1"], replicas=1)
+    (r,) = p.replicas
+    assert r.devices == ["a:gpu0", "a:gpu1"] and r.device_indices == [0, 1]
+    assert r.settings.tensor_parallel_size == 2
+    assert r.engine_kwargs["distributed_executor_backend"] == "mp"
+
+
+def test_tensor_parallel_pins_must_share_a_node_and_divide_heads():
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, [gpu("L4", "a", 0), gpu("L4", "b", 0)], gpu=["a:gpu0", "b:gpu0"], replicas=1)
+    assert err.value.status_code == 422 and "one node" in err.value.message
+    with pytest.raises(PlanningError) as err:  # 32 heads over 3 ranks
+        plan(QWEN8, [gpu("L4", "a", i) for i in range(3)], gpu=["a:gpu0", "a:gpu1", "a:gpu2"], replicas=1)
+    assert "attention heads" in err.value.message
+
+
+def test_pinned_device_too_small_says_by_how_much():
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, [gpu("T4", "a", 0)], gpu="a:gpu0")
+    assert err.value.status_code == 422
+    assert "short by" in err.value.message and "GiB" in err.value.message
+
+
+def test_simulated_gpu_cannot_run_real_vllm_but_runs_sim():
+    sim = gpu("L4", "a", 0, kind=DeviceKind.SIM_GPU)
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [sim], gpu="a:gpu0")
+    assert err.value.status_code == 422 and "simulated" in err.value.message
+    p = plan(SMALL, [sim], gpu="a:gpu0", engine="sim")
+    assert p.replicas[0].device_kind is DeviceKind.SIM_GPU
+
+
+def test_fp8_pin_on_ampere_is_refused():
+    with pytest.raises(PlanningError) as err:
+        plan("Qwen__Qwen3-8B-FP8", [gpu("A100-80GB", "a", 0)], gpu="a:gpu0")
+    assert "8.9" in err.value.message and err.value.rejected[0].device == "a:gpu0"
+
+
+# ---- automatic ---------------------------------------------------------------------------
+
+
+def test_performance_policy_picks_the_fastest_card():
+    devices = [gpu("L4", "a", 0), gpu("A100-80GB", "a", 1), gpu("H100-80GB", "b", 0), gpu("L40S", "b", 1)]
+    assert replica_devices(plan(SMALL, devices)) == [["b:gpu0"]]
+    assert replica_devices(plan(SMALL, devices, replicas=3)) == [["b:gpu0"], ["b:gpu1"], ["a:gpu1"]]
+
+
+def test_conserve_tdp_policy_picks_the_frugal_card():
+    devices = [gpu("H100-80GB", "a", 0), gpu("L4", "a", 1), gpu("T4", "a", 2), gpu("A10", "a", 3)]
+    assert replica_devices(plan(SMALL, devices, allocation="conserve_tdp")) == [["a:gpu2"]]  # T4, 70 W
+    assert replica_devices(plan(QWEN8, devices, allocation="conserve_tdp")) == [["a:gpu1"]]  # T4 too small: L4
+
+
+def test_devices_without_hive_replicas_come_first():
+    devices = [gpu("H100-80GB", "a", 0, hive_replicas=["other/r0"]), gpu("L4", "a", 1)]
+    assert replica_devices(plan(SMALL, devices)) == [["a:gpu1"]]
+
+
+def test_more_replicas_than_devices_co_locate_and_split_capacity():
+    devices = [gpu("H100-80GB", "a", 0)]
+    p = plan(SMALL, devices, replicas=2)
+    assert replica_devices(p) == [["a:gpu0"], ["a:gpu0"]]
+    assert sum(r.reservation_bytes for r in p.replicas) <= devices[0].available_bytes
+
+
+def test_replicas_minus_one_takes_every_eligible_device():
+    devices = [gpu("L4", "a", 0), gpu("T4", "a", 1), gpu("L4", "b", 0, kind=DeviceKind.SIM_GPU), cpu("c")]
+    p = plan(QWEN8, devices, replicas=-1)
+    assert replica_devices(p) == [["a:gpu0"]]  # T4 too small, sim GPU not real, CPU only as fallback
+    reasons = {r.device: r.reason for r in p.rejected}
+    assert "short by" in reasons["a:gpu1"] and "simulated" in reasons["b:gpu0"]
+
+
+def test_fp8_model_skips_cards_without_fp8():
+    devices = [gpu("A100-80GB", "a", 0), gpu("L40S", "a", 1)]
+    p = plan("Qwen__Qwen3-8B-FP8", devices)
+    assert replica_devices(p) == [["a:gpu1"]]
+    assert "8.9" in {r.device: r.reason for r in p.rejected}["a:gpu0"]
+
+
+def test_tensor_parallel_group_when_no_single_gpu_fits():
+    devices = [gpu("H100-80GB", "a", 0), gpu("H100-80GB", "a", 1), gpu("A100-40GB", "b", 0)]
+    p = plan("meta-llama__Llama-3.1-70B", devices)
+    (r,) = p.replicas
+    assert r.devices == ["a:gpu0", "a:gpu1"] and r.settings.tensor_parallel_size == 2
+    assert r.memory.total <= devices[0].available_bytes
+    assert [x.device for x in p.rejected] == ["b:gpu0"]
+
+
+def test_tensor_parallel_prefers_identical_cards():
+    devices = [gpu("A100-80GB", "a", 0), gpu("H100-80GB", "a", 1), gpu("H100-80GB", "a", 2)]
+    p = plan("meta-llama__Llama-3.1-70B", devices)
+    assert replica_devices(p) == [["a:gpu1", "a:gpu2"]]
+
+
+def test_cpu_is_the_fallback_of_automatic_placement():
+    p = plan("tiny-qwen2", [gpu("T4", "a", 0), cpu("c")])
+    assert replica_devices(p) == [["a:gpu0"]]
+    p = plan(QWEN8, [gpu("T4", "a", 0), cpu("c", total_gib=64)])
+    assert replica_devices(p) == [["c:cpu"]]
+    assert p.replicas[0].device_kind is DeviceKind.CPU and p.replicas[0].device_indices == []
+    assert any("CPU" in n for n in p.replicas[0].notes)
+
+
+def test_nothing_fits_lists_every_reason():
+    with pytest.raises(PlanningError) as err:
+        plan("meta-llama__Llama-3.1-70B", [gpu("L4", "a", 0), gpu("T4", "b", 0)])
+    assert err.value.status_code == 422
+    assert {r.device for r in err.value.rejected} == {"a:gpu0", "b:gpu0"}
+    assert "short by" in err.value.message
+
+
+def test_not_enough_devices_for_the_replica_count():
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, [gpu("L4", "a", 0)], replicas=3)  # one L4 holds one 8B replica, not three
+    assert "replicas=3" in err.value.message
+
+
+def test_empty_registry():
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [])
+    assert "no devices" in err.value.message

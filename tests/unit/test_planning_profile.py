@@ -1,0 +1,203 @@
+"""ModelProfile from real Hugging Face configs: KV bytes per token, weights, runner, dtype, quantization."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hive_apps.planning.memory import kv_need
+from hive_apps.planning.profile import load_profile, profile_from_config_dict
+from hive_apps.planning.types import PlanningError
+from tests.unit.planning_fixtures import fixture_path, profile
+
+# KV bytes per token at TP=1, as vLLM 0.32 lays the cache out (bf16 unless noted).
+KV_BYTES_PER_TOKEN = {
+    "tiny-qwen2": 2 * 2 * 2 * 32 * 2,  # 2 layers x K,V x 2 KV heads x head_dim 32 x 2 B = 512
+    "meta-llama__Llama-3.1-8B": 32 * 2 * 8 * 128 * 2,  # 131072
+    "meta-llama__Llama-3.1-70B": 80 * 2 * 8 * 128 * 2,  # 327680
+    "meta-llama__Llama-3.2-1B-Instruct": 16 * 2 * 8 * 64 * 2,  # head_dim 64
+    "Qwen__Qwen3-0.6B": 28 * 2 * 8 * 128 * 2,  # 114688
+    "Qwen__Qwen3-8B": 36 * 2 * 8 * 128 * 2,  # 147456
+    "Qwen__Qwen3-30B-A3B": 48 * 2 * 4 * 128 * 2,  # MoE: attention only
+    "mistralai__Mixtral-8x7B-v0.1": 32 * 2 * 8 * 128 * 2,
+    "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,  # MLA latent 576 x 2 B = 1152 per layer -> 70272
+    "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # 31104
+    "google__gemma-3-1b-it": 26 * 2 * 1 * 256 * 2,  # sliding layers cost the same per token
+    "google__gemma-2-9b": 42 * 2 * 8 * 256 * 2,
+    "openai__gpt-oss-20b": 24 * 2 * 8 * 64 * 2,
+    "Qwen__Qwen3-Next-80B-A3B-Thinking": 12 * 2 * 2 * 256 * 2,  # only every 4th layer has KV
+    "nvidia__Nemotron-H-56B-Base-8K": 10 * 2 * 8 * 128 * 2,  # 10 attention layers of 118
+    "nvidia__Llama-3.1-70B-Instruct-FP8": 80 * 2 * 8 * 128 * 1,  # ModelOpt asks for an fp8 KV cache
+    "intfloat__e5-mistral-7b-instruct": 32 * 2 * 8 * 128 * 2,  # decoder embedder keeps its KV
+    "sentence-transformers__all-MiniLM-L6-v2": 0,  # encoder-only: no KV cache at all
+    "BAAI__bge-m3": 0,
+}
+
+
+@pytest.mark.parametrize("name,expected", sorted(KV_BYTES_PER_TOKEN.items()))
+def test_kv_bytes_per_token_matches_vllm_layout(name, expected):
+    assert profile(name).kv_bytes_per_token(1) == expected
+
+
+def test_kv_per_token_under_tensor_parallel():
+    llama70 = profile("meta-llama__Llama-3.1-70B")
+    assert llama70.kv_bytes_per_token(2) == 327680 // 2
+    assert llama70.kv_bytes_per_token(8) == 327680 // 8
+    # tp > kv heads: vLLM replicates so every rank still holds one head
+    assert llama70.kv_bytes_per_token(16) == 80 * 2 * 1 * 128 * 2
+    # the MLA latent is replicated on every rank, not divided
+    assert profile("deepseek-ai__DeepSeek-V3").kv_bytes_per_token(8) == 70272
+
+
+def test_kv_cache_dtype_fp8_halves_the_cache():
+    assert profile("tiny-qwen2", kv_cache_dtype="fp8").kv_bytes_per_token() == 256  # research note B9
+    assert profile("meta-llama__Llama-3.1-8B", kv_cache_dtype="fp8").kv_bytes_per_token() == 65536
+    assert profile("meta-llama__Llama-3.1-8B", kv_cache_dtype="fp8").fp8_kv
+    assert profile("deepseek-ai__DeepSeek-V3", kv_cache_dtype="fp8_ds_mla").kv_bytes_per_token() == 61 * 656
+
+
+def test_weights_from_architecture_match_published_sizes():
+    llama = profile("meta-llama__Llama-3.1-8B")
+    assert abs(llama.num_params - 8.03e9) / 8.03e9 < 0.02
+    assert abs(llama.weight_bytes - 8.03e9 * 2) / (8.03e9 * 2) < 0.02
+    qwen = profile("Qwen__Qwen3-0.6B")
+    assert qwen.num_params == 596_049_920  # tied embeddings counted once, q/k norms included
+    assert qwen.params.lm_head == 0
+    vl = profile("Qwen__Qwen2.5-VL-3B-Instruct")
+    assert vl.weight_bytes == 7_509_245_952  # safetensors total_size, vision tower included
+    assert vl.vision is not None and vl.vision.tokens_per_item == 16384
+    for name, published in [("mistralai__Mixtral-8x7B-v0.1", 46.7e9), ("Qwen__Qwen3-30B-A3B", 30.5e9),
+                            ("deepseek-ai__DeepSeek-V3", 671e9), ("Qwen__Qwen3-8B", 8.19e9)]:
+        assert abs(profile(name).num_params - published) / published < 0.01, name
+
+
+def test_quantized_checkpoints_are_sized_packed():
+    bf16 = profile("Qwen__Qwen3-8B")
+    fp8 = profile("Qwen__Qwen3-8B-FP8")
+    assert fp8.quant and fp8.quant.fp8_weights and fp8.needs_fp8_hardware
+    assert 0.5 < fp8.weight_bytes / bf16.weight_bytes < 0.62  # linears 1 B, embeddings/lm_head 2 B
+    bnb = profile("community__Llama-3.1-8B-Instruct-bnb-int8")
+    assert abs(bnb.weight_bytes - 9_086_705_888) / 9_086_705_888 < 0.01  # its safetensors total_size
+    gptq = profile("TheBloke__Llama-2-13B-chat-GPTQ")
+    assert gptq.quant.weight_format == "gptq int4 g128"
+    assert 0.27 < gptq.weight_bytes / (gptq.num_params * 2) < 0.30  # 4 bit + group scales, 16-bit embeddings
+    modelopt = profile("nvidia__Llama-3.1-70B-Instruct-FP8")  # marker only in hf_quant_config.json
+    assert modelopt.quant.fp8_weights and modelopt.kv_cache_dtype == "fp8"
+    oss = profile("openai__gpt-oss-20b")
+    assert oss.quant.method == "mxfp4" and "attention" not in oss.quant.quantized_roles
+    assert 13e9 < oss.weight_bytes < 14.5e9
+
+
+def test_runner_and_dtype_follow_vllm_auto():
+    mini = profile("sentence-transformers__all-MiniLM-L6-v2")
+    assert (mini.runner, mini.dtype, mini.encoder_only) == ("pooling", "float16", True)  # fp32 -> fp16
+    assert mini.max_position_embeddings == 512
+    assert profile("meta-llama__Llama-3.1-8B").runner == "generate"
+    assert profile("intfloat__e5-mistral-7b-instruct").runner == "pooling"  # MistralModel
+    assert profile("google__gemma-2-9b").dtype == "bfloat16"  # fp32 checkpoint, generative
+    forced = profile("Qwen__Qwen3-8B", runner="pooling")
+    assert forced.runner == "pooling" and forced.params.lm_head == 0
+    assert profile("BAAI__bge-m3").max_position_embeddings == 8192  # RoBERTa: 8194 - padding_idx - 1
+
+
+def test_sliding_window_requests_hold_only_the_window():
+    gemma = profile("google__gemma-3-1b-it")
+    page = 16 * 1 * 2 * 256 * 2  # block 16 x one KV head x (K + V) x 256 x 2 B
+    per_request, block = kv_need(gemma, 8192, 1, 16, 2048)
+    # buckets: 4 full, 22 sliding -> groups of 4 layers, 6 sliding groups (2 padding layers)
+    full = 4 * page * (8192 // 16)
+    sliding = 24 * page * (-(-min(512 - 1 + 2 * 2048, 8192) // 16) + 1)
+    assert per_request == full + sliding
+    assert block == 4 * page
+    assert per_request < 8192 * gemma.kv_bytes_per_token()
+
+
+def test_recurrent_state_is_per_request():
+    nemotron = profile("nvidia__Nemotron-H-56B-Base-8K")
+    conv = (256 * 64 + 2 * 8 * 256) * 3 * 2  # bf16 conv state, kernel 4
+    ssm = 256 * 64 * 256 * 4  # NemotronH keeps the SSM state in fp32
+    assert nemotron.state_bytes_per_sequence(1) == 54 * (conv + ssm)
+    qnext = profile("Qwen__Qwen3-Next-80B-A3B-Thinking")
+    gdn = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 2
+    assert qnext.state_bytes_per_sequence(1) == 36 * gdn
+    assert qnext.block_size(on_cpu=False) > 16  # attention pages grow to hold a state
+
+
+def test_missing_fields_name_themselves():
+    with pytest.raises(PlanningError) as err:
+        profile_from_config_dict({"architectures": ["FooForCausalLM"], "model_type": "foo-unknown", "hidden_size": 64})
+    assert err.value.status_code == 422
+    for field in ("num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
+        assert field in err.value.message
+
+
+def test_unknown_architecture_with_fields_is_planned_generically():
+    d = {"architectures": ["FooForCausalLM"], "model_type": "foo-unknown", "hidden_size": 256,
+         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+         "intermediate_size": 512, "torch_dtype": "bfloat16", "max_position_embeddings": 2048}
+    p = profile_from_config_dict(d)
+    assert p.kv_bytes_per_token() == 4 * 2 * 2 * 64 * 2
+    assert p.num_params == 1000 * 256 * 2 + 4 * (256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256) + 256
+
+
+def test_config_dict_and_folder_agree():
+    with open(os.path.join(fixture_path("Qwen__Qwen3-8B"), "config.json")) as f:
+        d = json.load(f)
+    a = profile_from_config_dict(d)
+    b = profile("Qwen__Qwen3-8B")
+    assert (a.weight_bytes, a.kv_bytes_per_token(), a.max_position_embeddings) == \
+        (b.weight_bytes, b.kv_bytes_per_token(), b.max_position_embeddings)
+
+
+def test_attention_hook_overrides_kv():
+    hooked = profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.planning_fixtures.DoubleKV")
+    assert hooked.kv_bytes_per_token(1) == 2 * 131072
+    assert hooked.kv_bytes_per_token(2) == 131072
+    with pytest.raises(PlanningError) as err:
+        profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.nope.Missing")
+    assert err.value.status_code == 422 and "hive_attention_cls" in err.value.message
+
+
+def test_model_not_in_local_cache_is_a_clear_422():
+    with pytest.raises(PlanningError) as err:
+        load_profile("no-such-org/no-such-model-xyz", {})
+    assert err.value.status_code == 422 and "local" in err.value.message
+
+
+def test_summary_carries_the_planner_figures():
+    s = profile("tiny-qwen2").summary()
+    assert (s.architecture, s.runner, s.dtype, s.kv_bytes_per_token, s.num_params) == \
+        ("Qwen2ForCausalLM", "generate", "bfloat16", 512, 558_208)
+    assert s.path.endswith("tiny-qwen2")
+
+
+@pytest.mark.skipif(os.environ.get("HIVE_VLLM_CROSSCHECK") != "1",
+                    reason="importing vllm.config costs ~13 s; set HIVE_VLLM_CROSSCHECK=1 to compare with vLLM")
+@pytest.mark.parametrize("name", ["tiny-qwen2", "meta-llama__Llama-3.1-8B", "meta-llama__Llama-3.1-70B",
+                                  "Qwen__Qwen3-0.6B", "deepseek-ai__DeepSeek-V3", "deepseek-ai__DeepSeek-V2-Lite",
+                                  "mistralai__Mixtral-8x7B-v0.1", "Qwen__Qwen3-30B-A3B"])
+@pytest.mark.parametrize("tp", [1, 2, 16])
+def test_kv_bytes_match_vllm_kv_spec(name, tp):
+    """vLLM's own arithmetic: ModelArchConfigConvertor head size / KV heads + FullAttentionSpec/MLAAttentionSpec."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    import vllm.config  # noqa: F401  (resolves the convertor's circular import)
+    from transformers import AutoConfig
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        MODEL_ARCH_CONFIG_CONVERTORS, ModelArchConfigConvertorBase,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    cfg = AutoConfig.from_pretrained(fixture_path(name), local_files_only=True)
+    text = cfg.get_text_config()
+    arch = MODEL_ARCH_CONFIG_CONVERTORS.get(cfg.model_type, ModelArchConfigConvertorBase)(cfg, text).convert()
+    block = 16
+    if arch.is_deepseek_mla:
+        spec = MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=arch.head_size, dtype=torch.bfloat16)
+    else:
+        heads = max(1, arch.total_num_kv_heads // tp)  # ModelConfig.get_num_kv_heads
+        spec = FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=arch.head_size, dtype=torch.bfloat16)
+    vllm_bytes = spec.page_size_bytes // block * arch.total_num_hidden_layers
+    assert profile(name).kv_bytes_per_token(tp) == vllm_bytes
