@@ -181,3 +181,9 @@ def test_control_plane_restart_loses_nothing(clean, app):
                                                       "messages": [{"role": "user", "content": "still there?"}]})
     assert out.status_code == 200, out.text
     assert json.loads(out.text)["usage"]["completion_tokens"] == 2
+
+
+def test_admin_openapi_docs(hive):
+    assert httpx.get(f"{hive.url}/admin/docs").status_code == 200
+    paths = httpx.get(f"{hive.url}/admin/openapi.json").json()["paths"]
+    assert {"/models", "/models/{model_id}", "/plan", "/gpus", "/registry/reset", "/healthz"} <= set(paths)
