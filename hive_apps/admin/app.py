@@ -66,6 +66,8 @@ async def _validation_error(_: Request, e: RequestValidationError):
         msg = err.get("msg", "invalid").removeprefix("Value error, ")
         if err.get("type") == "extra_forbidden":
             msg = f"unknown field; allowed fields are {', '.join(ModelSpec.model_fields)}"
+        elif field == "body" and err.get("type") in ("model_attributes_type", "dict_type", "json_invalid"):
+            msg = "the body must be a JSON object; send it with 'Content-Type: application/json'"
         problems.append((field, msg))
     message = "; ".join(f"{f}: {m}" for f, m in problems)
     return error_response(422, message, problems[0][0] if problems else None)

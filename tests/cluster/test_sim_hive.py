@@ -187,3 +187,8 @@ def test_admin_openapi_docs(hive):
     assert httpx.get(f"{hive.url}/admin/docs").status_code == 200
     paths = httpx.get(f"{hive.url}/admin/openapi.json").json()["paths"]
     assert {"/models", "/models/{model_id}", "/plan", "/gpus", "/registry/reset", "/healthz"} <= set(paths)
+
+
+def test_form_body_is_told_to_send_json(hive):
+    r = hive.admin.post("/plan", content=b"model_id=x", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 422 and "JSON object" in r.json()["error"]["message"]
