@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -114,6 +115,7 @@ class Admin:
         self.settings = get_settings()
         warn_if_open(self.settings, "hive-admin")
         self.watchers: dict[str, asyncio.Task] = {}
+        self._serve_lock = threading.Lock()
         self.done: dict[str, asyncio.Event] = {}
         self._resume = asyncio.get_event_loop().create_task(self._resume_watchers())
 
@@ -174,6 +176,12 @@ class Admin:
         return JSONResponse(body, status_code=200 if rec.status is ModelStatus.READY else 202)
 
     def _start_app(self, model_id: str, plan) -> None:
+        # Serve pickles apps with cloudpickle, whose by-value module registry is not
+        # thread-safe: concurrent run_many calls from the threadpool fail randomly.
+        with self._serve_lock:
+            self._run_app(model_id, plan)
+
+    def _run_app(self, model_id: str, plan) -> None:
         serve.run_many(
             [serve.RunTarget(build_model_app(model_id, plan), name=model_id, route_prefix=f"/{model_id}")],
             wait_for_ingress_deployment_creation=False,

@@ -29,6 +29,7 @@ class ModelStatusResponse(BaseModel):
     status_url: str
     replicas: dict[str, ReplicaStatus]
     rejected: list[Rejection] = []
+    lost_replicas: dict[str, str] = {}
     created_at: float
     ready_at: float | None = None
     deploy_seconds: float | None = None
@@ -52,6 +53,7 @@ class ModelStatusResponse(BaseModel):
                 for rp in rec.plan.replicas
             },
             rejected=rec.plan.rejected,
+            lost_replicas=rec.lost_replicas,
             created_at=rec.created_at,
             ready_at=rec.ready_at,
             deploy_seconds=round(rec.ready_at - rec.created_at, 2) if rec.ready_at else None,

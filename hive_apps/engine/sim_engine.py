@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hive_apps.engine.base import EngineBase
 from hive_apps.engine.protocol import EngineLoad
+from hive_apps.engine.start_lock import start_lock
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 
@@ -43,14 +44,15 @@ def fake_embedding(text: str) -> list[float]:
 
 
 class SimEngine(EngineBase):
-    def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan):
+    async def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan, use_start_lock: bool = True):
         super().__init__()
-        kw = replica.engine_kwargs
-        if kw.get("sim_start_delay_s"):
-            time.sleep(float(kw["sim_start_delay_s"]))
-        if kw.get("sim_fail_start"):
-            raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
         self.model_id, self.replica = model_id, replica
+        kw = replica.engine_kwargs
+        if use_start_lock:
+            async with start_lock(model_id, replica):
+                await self._start(kw)
+        else:
+            await self._start(kw)
         self.runner = "pooling" if kw.get("runner") == "pooling" else "generate"
         seqs = replica.settings.max_num_seqs
         est = replica.expected_tokens_per_s
@@ -60,6 +62,18 @@ class SimEngine(EngineBase):
         self.running = 0
         self.waiting = 0
         self.app = self._build_app()
+
+    async def _start(self, kw: dict) -> None:
+        """What a real engine does while it holds the start lock: take time, maybe fail."""
+        self.start_began = time.time()
+        if kw.get("sim_start_delay_s"):
+            await asyncio.sleep(float(kw["sim_start_delay_s"]))
+        if kw.get("sim_fail_start"):
+            raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
+        self.start_ended = time.time()
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended}
 
     def load(self) -> EngineLoad:
         return EngineLoad(

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
-from hive_apps.registry.records import ModelRecord, ModelStatus
+from hive_apps.registry.records import SERVING, ModelRecord
 from hive_apps.routing.http import BodyTooLarge, model_of, read_forwarded, to_response, too_large
 from hive_apps.settings import get_settings
 
@@ -36,7 +36,7 @@ class Gateway:
     async def ready_models(self, refresh: bool = False) -> dict[str, ModelRecord]:
         if refresh or time.monotonic() - self._models_at > MODELS_TTL_S:
             records = await serve.get_app_handle("hive-registry").list_models.remote()
-            self._models = {r.model_id: r for r in records if r.status is ModelStatus.READY}
+            self._models = {r.model_id: r for r in records if r.status in SERVING}
             self._models_at = time.monotonic()
         return self._models
 

@@ -19,8 +19,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from hive_apps.planning.types import DeviceCapacity
 from hive_apps.registry.devices import Device
 from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
-from hive_apps.registry.monitor import sample_node
-from hive_apps.registry.records import ModelRecord, Reservation
+from hive_apps.registry.locks import StartLocks
+from hive_apps.registry.monitor import node_name_of, sample_node
+from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import get_settings
 
@@ -55,6 +56,7 @@ class Registry:
         for r in self.store.load_all("reservation/", Reservation):
             self.ledger.reservations[r.key] = r
         self.monitors: dict[str, ray.actor.ActorHandle] = {}
+        self.start_locks = StartLocks()
         self.sampled = asyncio.Event()
         self.last_sample_at = 0.0
         self._loop_task = asyncio.get_event_loop().create_task(self._monitor_loop())
@@ -70,7 +72,8 @@ class Registry:
             await asyncio.sleep(self.settings.monitor_interval_s)
 
     async def sample_once(self) -> None:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        all_nodes = await asyncio.to_thread(ray.nodes)
+        nodes = [n for n in all_nodes if n.get("Alive")]
         alive = {n["NodeID"] for n in nodes}
         for node_id in list(self.monitors):
             if node_id not in alive:
@@ -89,8 +92,28 @@ class Registry:
                 continue
             self.ledger.update_node(node_id, devices)
         self.ledger.drop_nodes_except(alive)
+        await self._release_dead_nodes(all_nodes)
         self.last_sample_at = time.time()
         self.sampled.set()
+
+    async def _release_dead_nodes(self, all_nodes: list[dict]) -> None:
+        """Free what replicas on dead nodes held, and say so in their models' status."""
+        def name(n: dict) -> str:
+            return node_name_of(n["NodeID"], n.get("Labels", {}))
+
+        alive = {name(n) for n in all_nodes if n.get("Alive")}
+        dead = {name(n) for n in all_nodes if not n.get("Alive")} - alive
+        for r in self.ledger.on_nodes(dead):
+            self.ledger.release_key(r.key)
+            self.store.delete(f"reservation/{r.key}")
+            rec = self.models.get(r.model_id)
+            if rec is None:
+                continue
+            rec.lost_replicas[f"r{r.replica}"] = f"node of {', '.join(r.devices)} died"
+            rec.status = ModelStatus.DEGRADED
+            rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"
+            await self.put_model(rec)
+            log.warning("released %s: node of %s is dead", r.key, r.devices)
 
     async def _ready(self) -> None:
         await asyncio.wait_for(self.sampled.wait(), timeout=60)
@@ -121,10 +144,17 @@ class Registry:
             self.store.put(f"reservation/{r.key}", r)
 
     async def release(self, model_id: str) -> int:
+        self.start_locks.release(model_id)
         gone = self.ledger.release(model_id)
         for r in gone:
             self.store.delete(f"reservation/{r.key}")
         return len(gone)
+
+    async def acquire_start_lock(self, devices: list[str], holder: str, lease_s: float) -> bool:
+        return self.start_locks.try_acquire(devices, holder, lease_s)
+
+    async def release_start_lock(self, holder: str) -> None:
+        self.start_locks.release(holder)
 
     async def reservations(self, model_id: str | None = None) -> list[Reservation]:
         rs = self.ledger.reservations.values()

@@ -129,5 +129,13 @@ class Ledger:
             del self.reservations[r.key]
         return gone
 
+    def release_key(self, key: str) -> Reservation | None:
+        return self.reservations.pop(key, None)
+
+    def on_nodes(self, node_names: set[str]) -> list[Reservation]:
+        """Reservations with a device on any of these nodes (device ids are '<node>:<device>')."""
+        return [r for r in self.reservations.values()
+                if any(d.rsplit(":", 1)[0] in node_names for d in r.devices)]
+
     def of_model(self, model_id: str) -> list[Reservation]:
         return [r for r in self.reservations.values() if r.model_id == model_id]

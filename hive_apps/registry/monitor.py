@@ -77,6 +77,17 @@ def read_nvml_gpus(node_id: str, node_name: str) -> list[Device]:
     return devices
 
 
+def nvml_used_bytes(indices: list[int]) -> list[int]:
+    """Used memory of the given physical GPUs right now (NVML ignores CUDA_VISIBLE_DEVICES)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices]
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def simulated_gpus(node_id: str, node_name: str, keys: list[str]) -> list[Device]:
     out = []
     for i, key in enumerate(keys):

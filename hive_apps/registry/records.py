@@ -34,8 +34,12 @@ class Reservation(BaseModel):
 class ModelStatus(str, Enum):
     DEPLOYING = "deploying"
     READY = "ready"
+    DEGRADED = "degraded"  # serving, but some replicas were lost
     FAILED = "failed"
     DELETING = "deleting"
+
+
+SERVING = (ModelStatus.READY, ModelStatus.DEGRADED)
 
 
 class ModelRecord(BaseModel):
@@ -46,4 +50,5 @@ class ModelRecord(BaseModel):
     message: str = ""
     created_at: float = Field(default_factory=time.time)
     ready_at: float | None = None
+    lost_replicas: dict[str, str] = Field(default_factory=dict)  # "r0" -> why it is gone
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start

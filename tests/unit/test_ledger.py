@@ -76,3 +76,11 @@ def test_node_updates_replace_and_drop(ledger):
     ledger.update_node("id-b", [gpu("b", 0)])
     ledger.drop_nodes_except({"id-b"})
     assert set(ledger.devices) == {"b:gpu0"}
+
+
+def test_reservations_on_dead_nodes(ledger):
+    ledger.update_node("id-b", [gpu("b", 0)])
+    ledger.reserve([res("m", ["a:gpu0"], 1, 0), res("m", ["b:gpu0"], 1, 1), res("tp", ["a:gpu1"], 1)])
+    assert sorted(r.key for r in ledger.on_nodes({"a"})) == ["m/r0", "tp/r0"]
+    assert ledger.release_key("m/r0").replica == 0
+    assert [r.key for r in ledger.of_model("m")] == ["m/r1"]

@@ -9,12 +9,15 @@ from hive_apps.engine.sim_engine import SimEngine
 from .helpers import replica_plan
 
 
-def engine(**kw) -> SimEngine:
-    return SimEngine("sim-model", "", replica_plan(**kw))
+async def engine(**kw) -> SimEngine:
+    """Serve awaits the async constructor; do the same, without the registry's start lock."""
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("sim-model", "", replica_plan(**kw), use_start_lock=False)
+    return e
 
 
 async def test_chat_and_warm_up():
-    e = engine(sim_tokens_per_s=2000)
+    e = await engine(sim_tokens_per_s=2000)
     assert await e.warm_up() >= 0
     status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "max_tokens": 5,
                                                               "messages": [{"role": "user", "content": "hi"}]})
@@ -24,7 +27,7 @@ async def test_chat_and_warm_up():
 
 
 async def test_stream_ends_with_done_and_usage():
-    e = engine(sim_tokens_per_s=2000)
+    e = await engine(sim_tokens_per_s=2000)
     body = {"model": "sim-model", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "hi"}]}
     items = [i async for i in e.forward(ForwardedRequest(path="/v1/chat/completions", body=json.dumps(body).encode()))]
@@ -36,7 +39,7 @@ async def test_stream_ends_with_done_and_usage():
 
 
 async def test_admission_caps_running_at_max_num_seqs():
-    e = engine(max_num_seqs=2, sim_tokens_per_s=50)
+    e = await engine(max_num_seqs=2, sim_tokens_per_s=50)
     peak = 0
 
     async def watch():
@@ -52,7 +55,7 @@ async def test_admission_caps_running_at_max_num_seqs():
 
 
 async def test_errors_are_openai_shaped():
-    e = engine(max_model_len=64)
+    e = await engine(max_model_len=64)
     status, body = await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "x" * 400, "max_tokens": 8})
     assert status == 400 and "maximum context length is 64" in body["error"]["message"]
     status, body = await e.call_json("/v1/completions", {"model": "other", "prompt": "x"})
@@ -60,7 +63,7 @@ async def test_errors_are_openai_shaped():
 
 
 async def test_embeddings_deterministic_and_base64():
-    e = engine()
+    e = await engine()
     _, a = await e.call_json("/v1/embeddings", {"input": ["same", "other"]})
     _, b = await e.call_json("/v1/embeddings", {"input": "same"})
     assert len(a["data"][0]["embedding"]) == 384
@@ -69,6 +72,6 @@ async def test_embeddings_deterministic_and_base64():
     assert isinstance(c["data"][0]["embedding"], str)
 
 
-def test_failure_injection():
+async def test_failure_injection():
     with pytest.raises(RuntimeError, match="sim_fail_start"):
-        engine(sim_fail_start=True)
+        await engine(sim_fail_start=True)

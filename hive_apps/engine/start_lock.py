@@ -1,0 +1,58 @@
+"""Hold the registry's start lock of a replica's devices while its engine starts.
+
+On a real GPU the lock is kept until NVML shows the new engine's memory, so the next
+engine's device-wide profile sees a settled device (``registry/locks.py`` says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from ray import serve
+
+from hive_apps.planning.types import ReplicaPlan
+from hive_apps.registry.devices import DeviceKind
+from hive_apps.registry.monitor import nvml_used_bytes
+from hive_apps.settings import get_settings
+
+log = logging.getLogger("ray.serve")
+
+POLL_S = 0.5
+VISIBLE_SHARE = 0.5  # the engine's NVML usage must reach half its planned footprint
+VISIBLE_TIMEOUT_S = 30.0
+
+
+@asynccontextmanager
+async def start_lock(model_id: str, replica: ReplicaPlan):
+    registry = serve.get_app_handle("hive-registry")
+    holder = f"{model_id}/r{replica.index}"
+    lease = get_settings().deploy_timeout_s
+    waited = time.monotonic()
+    while not await registry.acquire_start_lock.remote(replica.devices, holder, lease):
+        await asyncio.sleep(POLL_S)
+    waited = time.monotonic() - waited
+    if waited > POLL_S:
+        log.info("%s waited %.1fs for the start lock of %s", holder, waited, replica.devices)
+    gpu = replica.device_kind is DeviceKind.GPU
+    before = nvml_used_bytes(replica.device_indices) if gpu else []
+    try:
+        yield
+        if gpu:
+            await _wait_until_visible(replica, before)
+    finally:
+        await registry.release_start_lock.remote(holder)
+
+
+async def _wait_until_visible(replica: ReplicaPlan, before: list[int]) -> None:
+    expected = VISIBLE_SHARE * replica.reservation_bytes
+    deadline = time.monotonic() + VISIBLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = nvml_used_bytes(replica.device_indices)
+        if all(n - b >= expected for n, b in zip(now, before)):
+            return
+        await asyncio.sleep(POLL_S)
+    log.warning("memory of %s not visible in NVML after %.0fs; releasing the start lock anyway",
+                replica.devices, VISIBLE_TIMEOUT_S)

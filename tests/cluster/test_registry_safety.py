@@ -1,0 +1,96 @@
+"""Reservations under concurrency, start locks on shared devices, and node death."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from ray import serve
+
+from tests.cluster.conftest import SIM_MODEL
+
+pytestmark = pytest.mark.cluster
+
+GIB = 2**30
+
+
+def small_spec(model_id: str, gpu: str, **kw) -> dict:
+    """A fixed-size replica (explicit KV and batch), so a known number fit on one device."""
+    return {"model_id": model_id, "model": SIM_MODEL, "engine": "sim", "gpu": gpu,
+            "max_input_prompt_length": 256, "max_output_prompt_length": 64,
+            "vllm_kwargs": {"max_num_seqs": 8, "max_num_batched_tokens": 2048,
+                            "kv_cache_memory_bytes": 3 * GIB, **kw}}
+
+
+def test_fifty_concurrent_deploys_never_oversubscribe(clean):
+    hive = clean
+    device = "node-b:gpu2"  # an A10, 24 GiB
+    budget = int(0.9 * hive.gpus()[device]["total_bytes"])
+    oversubscribed = []
+
+    def deploy(i: int):
+        r = hive.deploy(wait=False, **small_spec(f"race-{i}", device))
+        state = hive.gpus()[device]
+        if state["reserved_bytes"] > budget:
+            oversubscribed.append(state["reserved_bytes"])
+        return r
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        answers = list(pool.map(deploy, range(50)))
+    codes = [r.status_code for r in answers]
+    accepted = [r for r in answers if r.status_code == 202]
+    assert set(codes) <= {202, 409, 422}, codes
+    assert 1 <= len(accepted) < 50
+    for r in answers:
+        if r.status_code != 202:
+            assert "available" in r.json()["error"]["message"] or "short by" in r.json()["error"]["message"]
+    final = hive.gpus()[device]
+    assert not oversubscribed and final["reserved_bytes"] <= budget
+    per_replica = accepted[0].json()["replicas"]["r0"]["reservation_bytes"]
+    assert final["reserved_bytes"] == per_replica * len(accepted)
+    assert len(accepted) == len(final["replicas"])
+    # whoever lost the race left no record and no app behind
+    listed = {m["model_id"] for m in hive.admin.get("/models").json()["models"]}
+    assert listed == {r.json()["model_id"] for r in accepted}
+
+
+def test_engines_sharing_a_device_start_one_at_a_time(clean):
+    hive = clean
+    device = "node-a:gpu1"
+    for name in ("share-a", "share-b"):
+        assert hive.deploy(wait=False, **small_spec(name, device, sim_start_delay_s=2)).status_code == 202
+    deadline = time.time() + 120
+    while {hive.admin.get(f"/models/{n}").json()["status"] for n in ("share-a", "share-b")} != {"ready"}:
+        assert time.time() < deadline
+        time.sleep(0.5)
+    windows = sorted(
+        (info["start_began"], info["start_ended"])
+        for info in (serve.get_deployment_handle("engine-r0", app_name=n).info.remote().result() for n in ("share-a", "share-b"))
+    )
+    (a0, a1), (b0, b1) = windows
+    assert a1 - a0 >= 2 and b1 - b0 >= 2
+    assert b0 >= a1, f"starts overlapped: {windows}"
+    assert sorted(hive.gpus()[device]["replicas"]) == ["share-a/r0", "share-b/r0"]
+
+
+def test_dead_node_releases_reservations_and_shows_lost_replicas(clean):
+    hive = clean
+    node = hive.cluster.add_node(num_cpus=1, labels={"ray-hive/node": "node-c", "ray-hive/sim-gpus": "L4"})
+    deadline = time.time() + 60
+    while "node-c:gpu0" not in hive.gpus():
+        assert time.time() < deadline
+        time.sleep(0.5)
+    assert hive.deploy(**small_spec("doomed", "node-c:gpu0")).status_code == 200
+    assert hive.deploy(**small_spec("survivor", "node-b:gpu1")).status_code == 200
+    registry = serve.get_app_handle("hive-registry")
+    assert len(registry.reservations.remote("doomed").result()) == 1
+
+    hive.cluster.remove_node(node)
+    t0 = time.time()
+    while registry.reservations.remote("doomed").result():
+        assert time.time() - t0 < 30, "reservation of a dead node's replica not released within 30 s"
+        time.sleep(0.5)
+    status = hive.admin.get("/models/doomed").json()
+    assert status["status"] == "degraded" and "r0" in status["lost_replicas"]
+    assert "node-c:gpu0" not in hive.gpus()
+    assert hive.admin.get("/models/survivor").json()["status"] == "ready"
+    assert len(registry.reservations.remote("survivor").result()) == 1
