@@ -48,6 +48,10 @@ class ModelSpec(BaseModel):
     sleep_timeout: float | None = Field(None, ge=0, description="Seconds idle before the engine sleeps.")
     idle_timeout: float | None = Field(None, ge=0, description="Seconds idle before the model is removed.")
     engine: EngineKind = EngineKind.VLLM
+    max_queued_requests: int | None = Field(
+        None, ge=0,
+        description="Requests that may wait once every replica is full; more get 429. Default: the largest replica's max_num_seqs.",
+    )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("model_id")

@@ -162,7 +162,7 @@ class Admin:
             await self.registry.delete_model.remote(spec.model_id)
             raise AdminError(result.status_code, result.message)
         try:
-            await asyncio.to_thread(self._start_app, spec.model_id, plan)
+            await asyncio.to_thread(self._start_app, spec.model_id, plan, spec.max_queued_requests)
         except Exception as e:  # Serve refused the app: undo everything
             await self._cleanup(spec.model_id, f"Serve refused the app: {e}", delete_app=True)
             raise AdminError(422, f"could not create the model app: {e}")
@@ -175,18 +175,16 @@ class Admin:
             return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
         return JSONResponse(body, status_code=200 if rec.status is ModelStatus.READY else 202)
 
-    def _start_app(self, model_id: str, plan) -> None:
+    def _start_app(self, model_id: str, plan, max_queued_requests: int | None) -> None:
         # Serve pickles apps with cloudpickle, whose by-value module registry is not
         # thread-safe: concurrent run_many calls from the threadpool fail randomly.
+        app = build_model_app(model_id, plan, max_queued_requests)
         with self._serve_lock:
-            self._run_app(model_id, plan)
-
-    def _run_app(self, model_id: str, plan) -> None:
-        serve.run_many(
-            [serve.RunTarget(build_model_app(model_id, plan), name=model_id, route_prefix=f"/{model_id}")],
-            wait_for_ingress_deployment_creation=False,
-            wait_for_applications_running=False,
-        )
+            serve.run_many(
+                [serve.RunTarget(app, name=model_id, route_prefix=f"/{model_id}")],
+                wait_for_ingress_deployment_creation=False,
+                wait_for_applications_running=False,
+            )
 
     def _watch(self, model_id: str) -> None:
         self.done[model_id] = asyncio.Event()

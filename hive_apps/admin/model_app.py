@@ -38,7 +38,7 @@ def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
     return options
 
 
-def build_model_app(model_id: str, plan: Plan):
+def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None):
     cls = engine_class(plan.engine)
     engines = []
     for rp in plan.replicas:
@@ -53,4 +53,6 @@ def build_model_app(model_id: str, plan: Plan):
             ray_actor_options=replica_actor_options(rp),
         )
         engines.append(dep.bind(model_id, plan.profile.path, rp))
-    return router_deployment().bind(model_id, engines, plan.replicas)
+    if max_queued_requests is None:
+        max_queued_requests = max(rp.settings.max_num_seqs for rp in plan.replicas)
+    return router_deployment().bind(model_id, engines, plan.replicas, max_queued_requests)

@@ -28,6 +28,14 @@ class ReplicaView(BaseModel):
         return max(self.in_flight, self.engine_running + self.engine_waiting)
 
 
+def queue_full(replicas: list[ReplicaView], bound: int) -> bool:
+    """Every healthy replica is at capacity and ``bound`` requests already wait beyond it."""
+    healthy = [r for r in replicas if r.healthy]
+    if not healthy or any(r.load < r.capacity for r in healthy):
+        return False
+    return sum(r.load - r.capacity for r in healthy) >= bound
+
+
 def choose_replica(replicas: list[ReplicaView], exclude: set[int] = frozenset()) -> ReplicaView | None:
     candidates = [r for r in replicas if r.healthy and r.index not in exclude]
     if not candidates:

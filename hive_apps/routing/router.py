@@ -21,22 +21,21 @@ from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStar
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.http import BodyTooLarge, read_forwarded, to_response, too_large
-from hive_apps.routing.policy import ReplicaView, choose_replica
+from hive_apps.routing.policy import ReplicaView, choose_replica, queue_full
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
 
 LOAD_POLL_S = 0.25
+LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
 MAX_ATTEMPTS = 2
-
-
-class NoReplica(Exception):
-    pass
+RETRY_AFTER_S = 1
 
 
 class Router:
-    def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan]):
+    def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.model_id = model_id
+        self.queue_bound = queue_bound
         self.settings = get_settings()
         self.handles = {rp.index: h for rp, h in zip(replicas, engines)}
         self.streams = {i: h.options(stream=True) for i, h in self.handles.items()}
@@ -47,7 +46,7 @@ class Router:
         while True:
             indices = list(self.handles)
             results = await asyncio.gather(
-                *(asyncio.wait_for(self.handles[i].load.remote(), timeout=2) for i in indices), return_exceptions=True
+                *(asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S) for i in indices), return_exceptions=True
             )
             for i, res in zip(indices, results):
                 view = self.views[i]
@@ -59,6 +58,11 @@ class Router:
 
     async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """Send one request to the best replica; retry elsewhere if it fails before answering."""
+        if queue_full(list(self.views.values()), self.queue_bound):
+            yield ResponseStart(status=429, headers=[("content-type", "application/json"), ("retry-after", str(RETRY_AFTER_S))])
+            yield openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests are "
+                                    f"already queued; retry after {RETRY_AFTER_S}s").body
+            return
         tried: set[int] = set()
         last_error: Exception | None = None
         for _ in range(MAX_ATTEMPTS):
@@ -77,6 +81,7 @@ class Router:
                 if started:
                     raise
                 last_error = e
+                view.healthy = False  # until the next load poll says otherwise
                 log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
             finally:
                 view.in_flight -= 1

@@ -1,4 +1,4 @@
-from hive_apps.routing.policy import ReplicaView, choose_replica
+from hive_apps.routing.policy import ReplicaView, choose_replica, queue_full
 
 
 def test_relative_load_beats_absolute_load():
@@ -27,3 +27,13 @@ def test_unhealthy_and_excluded_are_skipped():
     b = ReplicaView(index=1, capacity=10, in_flight=5)
     assert choose_replica([a, b]).index == 1
     assert choose_replica([a, b], exclude={1}) is None
+
+
+def test_queue_full_only_when_every_replica_is_full_and_bound_reached():
+    full = [ReplicaView(index=0, capacity=4, in_flight=6), ReplicaView(index=1, capacity=2, in_flight=3)]
+    assert queue_full(full, bound=3)  # 2 + 1 waiting beyond capacity
+    assert not queue_full(full, bound=4)
+    one_free = [ReplicaView(index=0, capacity=4, in_flight=20), ReplicaView(index=1, capacity=2, in_flight=1)]
+    assert not queue_full(one_free, bound=0)
+    dead = [ReplicaView(index=0, capacity=1, in_flight=0, healthy=False)]
+    assert not queue_full(dead, bound=0)  # no healthy replica is a 503, not a 429
