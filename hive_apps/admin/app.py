@@ -24,7 +24,7 @@ from hive_apps.admin.schemas import ModelStatusResponse
 from hive_apps.auth import check_admin_token, warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.ledger import DeviceState
-from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import STARTING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
 
@@ -33,6 +33,7 @@ log = logging.getLogger("ray.serve")
 REGISTRY_APP = "hive-registry"
 PLANNER_APP = "hive-planner"
 STATUS_POLL_S = 1.0
+HEAL_PERIOD_S = 2.0
 
 
 class AdminError(Exception):
@@ -118,6 +119,7 @@ class Admin:
         self._serve_lock = threading.Lock()
         self.done: dict[str, asyncio.Event] = {}
         self._resume = asyncio.get_event_loop().create_task(self._resume_watchers())
+        self._healer = asyncio.get_event_loop().create_task(self._heal_loop())
 
     @property
     def registry(self):
@@ -129,7 +131,7 @@ class Admin:
 
     async def _resume_watchers(self) -> None:
         for rec in await self.registry.list_models.remote():
-            if rec.status is ModelStatus.DEPLOYING:
+            if rec.status in STARTING:
                 log.info("resuming the watch of %s", rec.model_id)
                 self._watch(rec.model_id)
 
@@ -178,8 +180,8 @@ class Admin:
     def _start_app(self, model_id: str, plan, max_queued_requests: int | None) -> None:
         # Serve pickles apps with cloudpickle, whose by-value module registry is not
         # thread-safe: concurrent run_many calls from the threadpool fail randomly.
-        app = build_model_app(model_id, plan, max_queued_requests)
         with self._serve_lock:
+            app = build_model_app(model_id, plan, max_queued_requests)
             serve.run_many(
                 [serve.RunTarget(app, name=model_id, route_prefix=f"/{model_id}")],
                 wait_for_ingress_deployment_creation=False,
@@ -192,26 +194,31 @@ class Admin:
 
     async def _watch_deploy(self, model_id: str) -> None:
         try:
-            rec = await self.registry.get_model.remote(model_id)
-            deadline = rec.created_at + self.settings.deploy_timeout_s if rec else time.time()
+            deadline = time.time() + self.settings.deploy_timeout_s
             while True:
                 rec = await self.registry.get_model.remote(model_id)
-                if rec is None or rec.status is not ModelStatus.DEPLOYING:
+                if rec is None or rec.status not in STARTING:
                     return
                 status, message = await asyncio.to_thread(_app_status, model_id)
                 if status == ApplicationStatus.RUNNING:
-                    rec.status, rec.ready_at = ModelStatus.READY, time.time()
+                    healed = rec.status is ModelStatus.HEALING
+                    rec.status, rec.healing_replicas = ModelStatus.READY, []
+                    if not healed:
+                        rec.ready_at = time.time()
                     rec.engine_start_s = await _engine_start_times(model_id, rec)
                     await self.registry.put_model.remote(rec)
                     await self.registry.activate.remote(model_id)
-                    log.info("model %s ready in %.1fs", model_id, rec.ready_at - rec.created_at)
+                    log.info("model %s ready after %.1fs", model_id, time.time() - rec.created_at)
                     return
-                if status in (ApplicationStatus.DEPLOY_FAILED, ApplicationStatus.UNHEALTHY):
-                    await self._cleanup(model_id, f"an engine failed to start: {message}", delete_app=True)
-                    return
-                if time.time() > deadline:
-                    await self._cleanup(model_id, f"not ready within {self.settings.deploy_timeout_s:.0f}s "
-                                                  f"(HIVE_DEPLOY_TIMEOUT_S); last status {status}: {message}", delete_app=True)
+                failed = status in (ApplicationStatus.DEPLOY_FAILED, ApplicationStatus.UNHEALTHY)
+                if failed or time.time() > deadline:
+                    reason = (f"an engine failed to start: {message}" if failed else
+                              f"not ready within {self.settings.deploy_timeout_s:.0f}s (HIVE_DEPLOY_TIMEOUT_S); "
+                              f"last status {status}: {message}")
+                    if rec.status is ModelStatus.HEALING:
+                        await self._heal_failed(rec, reason)
+                    else:
+                        await self._cleanup(model_id, reason, delete_app=True)
                     return
                 await asyncio.sleep(STATUS_POLL_S)
         except Exception as e:
@@ -230,6 +237,63 @@ class Admin:
         if rec is not None:
             rec.status, rec.message = ModelStatus.FAILED, reason
             await self.registry.put_model.remote(rec)
+
+    # --- self-healing -------------------------------------------------------------------
+    async def _heal_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEAL_PERIOD_S)
+            if not self.settings.self_heal:
+                continue
+            try:
+                for rec in await self.registry.list_models.remote():
+                    if rec.status is ModelStatus.DEGRADED and rec.lost_replicas:
+                        await self._heal(rec)
+            except Exception as e:  # e.g. the registry is restarting; the next pass retries
+                log.warning("self-healing pass failed: %s", e)
+
+    async def _heal(self, rec: ModelRecord) -> None:
+        """Place replacements for replicas lost with their node, where capacity exists."""
+        lost = sorted(int(k[1:]) for k in rec.lost_replicas)
+        if rec.spec.gpu is not None:
+            note = "pinned replicas are not replaced automatically; redeploy with other pins"
+            if note not in rec.message:
+                rec.message = f"{rec.message}; {note}"
+                await self.registry.put_model.remote(rec)
+            return
+        spec = rec.spec.model_copy(update={"replicas": len(lost)})
+        outcome = await self.planner.plan.remote(spec, await self.registry.capacities.remote())
+        if outcome.plan is None:
+            note = f"no capacity to replace {sorted(rec.lost_replicas)} yet: {outcome.error}"
+            if rec.message != note:
+                rec.message = note
+                await self.registry.put_model.remote(rec)
+            return
+        replacements = [rp.model_copy(update={"index": i}) for rp, i in zip(outcome.plan.replicas, lost)]
+        result = await self.registry.reserve.remote([
+            Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices, bytes_per_device=rp.reservation_bytes)
+            for rp in replacements
+        ])
+        if not result.ok:
+            return  # capacity moved under us; the next pass plans again
+        kept = [rp for rp in rec.plan.replicas if rp.index not in lost]
+        rec.plan = rec.plan.model_copy(update={"replicas": sorted(kept + replacements, key=lambda rp: rp.index)})
+        rec.status, rec.healing_replicas = ModelStatus.HEALING, lost
+        rec.message = "replacing " + ", ".join(f"r{rp.index} on {'+'.join(rp.devices)}" for rp in replacements)
+        rec.lost_replicas = {}
+        await self.registry.put_model.remote(rec)
+        log.info("%s: %s", rec.model_id, rec.message)
+        try:
+            await asyncio.to_thread(self._start_app, rec.model_id, rec.plan, rec.spec.max_queued_requests)
+        except Exception as e:
+            await self._heal_failed(rec, f"Serve refused the new replicas: {e}")
+            return
+        self._watch(rec.model_id)
+
+    async def _heal_failed(self, rec: ModelRecord, reason: str) -> None:
+        await self.registry.release_replicas.remote(rec.model_id, rec.healing_replicas)
+        rec.lost_replicas = {f"r{i}": f"replacement failed: {reason}" for i in rec.healing_replicas}
+        rec.status, rec.healing_replicas, rec.message = ModelStatus.DEGRADED, [], f"self-healing failed: {reason}"
+        await self.registry.put_model.remote(rec)
 
     # --- read and delete ----------------------------------------------------------------
     @app.post("/plan", dependencies=[Depends(require_admin)])

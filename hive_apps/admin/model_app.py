@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from ray import serve
 
+from hive_apps import __version__
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.routing.router import router_deployment
@@ -38,6 +40,11 @@ def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
     return options
 
 
+def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan) -> str:
+    key = f"{__version__}|{plan.engine}|{model_id}|{plan.profile.path}|{rp.model_dump_json()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None):
     cls = engine_class(plan.engine)
     engines = []
@@ -52,6 +59,10 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
             graceful_shutdown_timeout_s=5,
             ray_actor_options=replica_actor_options(rp),
         )
+        # A stable version per replica plan: redeploying the app (self-healing) replaces only the
+        # replicas whose plan changed; Serve would otherwise restart every engine. Serve 2.60
+        # removed the public `version` option but still honours the attribute.
+        dep._version = replica_version(model_id, plan, rp)
         engines.append(dep.bind(model_id, plan.profile.path, rp))
     if max_queued_requests is None:
         max_queued_requests = max(rp.settings.max_num_seqs for rp in plan.replicas)

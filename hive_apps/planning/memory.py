@@ -6,7 +6,8 @@ occupies on a GPU")::
     footprint = CUDA context                      (outside gpu_memory_utilization)
               + weights / TP
               + runtime buffers (cuBLAS/attention workspaces, NCCL when TP > 1)
-              + activation peak (max_num_batched_tokens, max_num_seqs, vocab)
+              + activation peak (max_num_batched_tokens, max_num_seqs, vocab,
+                                 multimodal encoder budget: worst-case items through the tower)
               + CUDA graph pool (0 with enforce_eager, and on CPU)
               + KV cache (the explicit kv_cache_memory_bytes)
 
@@ -122,12 +123,52 @@ def _layer_width(profile: ModelProfile, tp: int) -> int:
     return 2 * h + max(attn, dense, moe, mixer)
 
 
-def activation_bytes(profile: ModelProfile, tp: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+def encoder_items(profile: ModelProfile, max_num_batched_tokens: int, max_num_seqs: int | None,
+                  max_model_len: int) -> int:
+    """Worst-case items vLLM's profile run pushes through the encoder (MultiModalBudget._get_max_items).
+
+    ``budget = max(T, largest item)`` (compute_mm_encoder_budget); items per prompt =
+    ``max(1, min(limit, max_model_len // tokens))``; items per batch = ``max(1, min(budget //
+    tokens, S x items per prompt))``. ``max_num_seqs=None`` leaves out the S cap (an upper bound).
+    """
+    item = profile.mm_largest_item
+    if item is None or not item.tokens:
+        return 0
+    budget = max(max_num_batched_tokens, item.tokens)
+    by_budget = budget // item.tokens
+    if max_num_seqs is None:
+        return max(1, by_budget)
+    per_prompt = max(1, min(item.limit, max_model_len // item.tokens))
+    return max(1, min(by_budget, max_num_seqs * per_prompt))
+
+
+def encoder_item_bytes(profile: ModelProfile, tp: int) -> int:
+    """Activation bytes of the encoder for one worst-case item, plus its cached output embeddings.
+
+    The tower's widest layer over the item's positions (patches / audio frames) with the same
+    safety factor as the language model, and the item's ``tokens x LM hidden`` output that the
+    encoder cache keeps while the language model is profiled.
+    """
+    item = profile.mm_largest_item
+    if item is None:
+        return 0
+    tower = profile.tower(item.tower)
+    vh = tower.hidden_size if tower else profile.hidden_size
+    vi = tower.intermediate_size if tower else profile.intermediate_size
+    shards = 1 if (tower is None or tower.replicated) else tp
+    width = 2 * vh + max(4 * vh, 3 * vi) // shards
+    act = int(item.encoder_positions * width * profile.activation_bytes * ACTIVATION_SAFETY)
+    return act + item.tokens * profile.hidden_size * profile.activation_bytes
+
+
+def activation_bytes(profile: ModelProfile, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
+                     max_model_len: int = 0) -> int:
     """Peak of vLLM's profile run: one forward of T tokens over min(S, T) requests, then sampling.
 
     ``T x width x bytes`` for the widest layer (layers run one after another), the fp32 logits
-    and sampler temporaries of ``min(S, T) x vocab``, and for multimodal models the vision
-    encoder on a worst-case batch (``max(T, tokens per item)`` tokens) plus its cached outputs.
+    and sampler temporaries of ``min(S, T) x vocab``, and for multimodal models the encoder on
+    the worst-case batch of the largest modality (``encoder_items``) plus its cached outputs
+    (the encoder budget of ``vllm/v1/core/encoder_cache_manager.py``).
     """
     p = profile
     t = max_num_batched_tokens
@@ -137,14 +178,8 @@ def activation_bytes(profile: ModelProfile, tp: int, max_num_batched_tokens: int
         act += reqs * p.vocab_size * SAMPLER_BYTES_PER_SEQ_VOCAB
     else:
         act += t * p.hidden_size * 4  # pooler input in fp32
-    if p.vision is not None:
-        v = p.vision
-        tokens = max(t, v.tokens_per_item)
-        patches = tokens * v.merge * v.merge
-        shards = 1 if v.replicated else tp
-        width = 2 * v.hidden_size + max(4 * v.hidden_size, 3 * v.intermediate_size) // shards
-        act += int(patches * width * p.activation_bytes * ACTIVATION_SAFETY)
-        act += tokens * p.hidden_size * p.activation_bytes  # encoder cache during the LM profile
+    if p.mm_largest_item is not None:
+        act += encoder_items(p, t, max_num_seqs, max_model_len) * encoder_item_bytes(p, tp)
     return act
 
 
@@ -152,7 +187,7 @@ def runtime_bytes(profile: ModelProfile, tp: int, on_cpu: bool, vllm_kwargs: dic
     """(outside the util budget, inside it): CUDA context; runtime buffers, NCCL, CPU processes."""
     if on_cpu:
         inside = CPU_ENGINE_PROCESS_BYTES + (tp - 1) * CPU_EXTRA_RANK_BYTES
-        if profile.vision is not None:
+        if profile.mm_active:
             gb = (vllm_kwargs or {}).get("mm_processor_cache_gb", MM_PROCESSOR_CACHE_DEFAULT_GB)
             inside += int(2 * float(gb) * GIB)
         return 0, inside
@@ -160,13 +195,15 @@ def runtime_bytes(profile: ModelProfile, tp: int, on_cpu: bool, vllm_kwargs: dic
 
 
 def kv_need(profile: ModelProfile, max_model_len: int, tp: int, block_size: int,
-            max_num_batched_tokens: int, hybrid_manager: bool = True) -> tuple[int, int]:
+            max_num_batched_tokens: int, hybrid_manager: bool = True, prefix_caching: bool = True) -> tuple[int, int]:
     """(KV bytes of one full-length request, bytes of one pool block), per rank.
 
     Sliding-window layers keep ``window - 1 + in-flight`` tokens, where in-flight is two
     batches of max_num_batched_tokens (async scheduling: VllmConfig.max_in_flight_tokens).
+    Recurrent states take 2-3 blocks with prefix caching ("align" mode), else one.
     """
-    return profile.kv_pool_need(max_model_len, tp, block_size, 2 * max_num_batched_tokens, hybrid_manager)
+    return profile.kv_pool_need(max_model_len, tp, block_size, 2 * max_num_batched_tokens, hybrid_manager,
+                                prefix_caching)
 
 
 def kv_cache_bytes(per_sequence: int, block_bytes: int, max_num_seqs: int) -> int:
@@ -191,11 +228,13 @@ class Frame:
     """
 
     __slots__ = ("on_cpu", "tp", "tokens", "ranks", "weights", "context", "inside", "act_base",
-                 "logits_per_seq", "per_seq", "block", "eager", "profile", "graph_width")
+                 "logits_per_seq", "per_seq", "block", "eager", "profile", "graph_width", "max_model_len",
+                 "encoder_item")
 
     def __init__(self, profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int,
                  max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
-                 hybrid_manager: bool = True, vllm_kwargs: dict | None = None) -> None:
+                 hybrid_manager: bool = True, vllm_kwargs: dict | None = None,
+                 prefix_caching: bool = True) -> None:
         self.profile = profile
         self.on_cpu = on_cpu
         self.tp = tp
@@ -204,10 +243,14 @@ class Frame:
         self.ranks = ranks_on_device(on_cpu, tp)
         self.weights = weights_bytes(profile, tp, on_cpu)
         self.context, self.inside = runtime_bytes(profile, tp, on_cpu, vllm_kwargs)
-        self.act_base = activation_bytes(profile, tp, max_num_batched_tokens, 0)
+        self.max_model_len = max_model_len
+        self.encoder_item = encoder_item_bytes(profile, tp) if profile.mm_largest_item is not None else 0
+        # everything but the S-dependent sampler and encoder terms (activation_bytes with S = 0, minus its one item)
+        self.act_base = activation_bytes(profile, tp, max_num_batched_tokens, 0, max_model_len) - \
+            (self.encoder_item if self.encoder_item else 0)
         self.logits_per_seq = profile.vocab_size * SAMPLER_BYTES_PER_SEQ_VOCAB if profile.runner == "generate" else 0
         self.per_seq, self.block = kv_need(profile, max_model_len, tp, block_size, max_num_batched_tokens,
-                                           hybrid_manager)
+                                           hybrid_manager, prefix_caching)
         self.graph_width = _layer_width(profile, tp) * profile.activation_bytes
 
     def kv_bytes(self, seqs: int) -> int:
@@ -223,7 +266,10 @@ class Frame:
                 + int(cap * self.graph_width))
 
     def activations(self, seqs: int) -> int:
-        return self.act_base + min(seqs, self.tokens) * self.logits_per_seq
+        act = self.act_base + min(seqs, self.tokens) * self.logits_per_seq
+        if self.encoder_item:
+            act += encoder_items(self.profile, self.tokens, max(1, seqs), self.max_model_len) * self.encoder_item
+        return act
 
     def total(self, seqs: int, kv_bytes: int | None = None) -> int:
         """memory.total per device (kv_bytes: per rank, None = sized for ``seqs``)."""
@@ -243,11 +289,12 @@ class Frame:
 def estimate(profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
              kv_bytes: int | None = None, hybrid_manager: bool = True,
-             vllm_kwargs: dict | None = None) -> MemoryEstimate:
+             vllm_kwargs: dict | None = None, prefix_caching: bool = True) -> MemoryEstimate:
     """The full breakdown for one device of one replica (kv_bytes: per rank)."""
     frame = Frame(profile, tp=tp, on_cpu=on_cpu, max_model_len=max_model_len,
                   max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-                  block_size=block_size, hybrid_manager=hybrid_manager, vllm_kwargs=vllm_kwargs)
+                  block_size=block_size, hybrid_manager=hybrid_manager, vllm_kwargs=vllm_kwargs,
+                  prefix_caching=prefix_caching)
     return frame.estimate(max_num_seqs, kv_bytes)
 
 

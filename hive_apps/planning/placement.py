@@ -29,11 +29,17 @@ UTIL_STEP = 0.001
 # When the registry has not applied a budget (budget_is_applied=False), the planner keeps
 # this fraction of each device's total as the most the hive may fill (like vLLM's 0.9x).
 DEFAULT_BUDGET_FRACTION = 0.90
-FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: fp8 tensor cores (original ray-hive arch taint)
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: fp8 tensor cores (W8A8 fp8 GEMMs, fp8 KV cache)
+# Below 8.9 vLLM 0.32 still runs fp8 *weights*: Fp8Config.get_min_capability() is 75 and the
+# linear/MoE layers pick the FP8 Marlin weight-only kernel (kernels/linear/scaled_mm/marlin.py:
+# "FP8 Marlin requires compute capability 7.5 or higher"). Weights stay 1 byte each; matmuls
+# run in 16 bits (W8A16). So fp8 weights taint only cards below 7.5 (V100).
+FP8_MARLIN_MIN_CAPABILITY = (7, 5)
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: bf16; older cards make vLLM fall back to fp16
 MAX_LISTED_DEVICES = 20
 
 NeedFn = Callable[[bool, int], int]
+SpeedFn = Callable[[DeviceCapacity], float]
 
 
 class Placement(BaseModel):
@@ -83,14 +89,35 @@ def kind_problem(dc: DeviceCapacity, engine: EngineKind) -> str | None:
 
 
 def taint_problem(profile: ModelProfile, dc: DeviceCapacity) -> str | None:
-    """Hardware the model cannot run on: fp8 weights or fp8 KV need compute capability >= 8.9."""
+    """Hardware the model cannot run on (an arch taint).
+
+    fp8 weights need compute capability >= 7.5 (FP8 Marlin, weight-only) and run natively
+    (W8A8) from 8.9; an fp8 KV cache is planned only from 8.9 (hive policy: below that vLLM
+    can only use a slower fp8-capable attention backend such as Triton).
+    """
     cc = dc.device.compute_capability
     if dc.device.kind is DeviceKind.CPU or cc is None:
         return None
-    if profile.needs_fp8_hardware and tuple(cc) < FP8_MIN_CAPABILITY:
-        what = "fp8 weights" if profile.quant and profile.quant.fp8_weights else "an fp8 KV cache"
-        return (f"{what} need compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}, "
-                f"{dc.device.name} has {cc[0]}.{cc[1]}")
+    fp8_weights = bool(profile.quant and profile.quant.fp8_weights)
+    if fp8_weights and tuple(cc) < FP8_MARLIN_MIN_CAPABILITY:
+        return (f"fp8 weights need compute capability >= {FP8_MARLIN_MIN_CAPABILITY[0]}."
+                f"{FP8_MARLIN_MIN_CAPABILITY[1]} (vLLM's FP8 Marlin weight-only kernel; native fp8 from "
+                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}), {dc.device.name} has {cc[0]}.{cc[1]}")
+    if profile.fp8_kv and tuple(cc) < FP8_MIN_CAPABILITY:
+        return (f"an fp8 KV cache (kv_cache_dtype={profile.kv_cache_dtype}) needs compute capability >= "
+                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}, {dc.device.name} has {cc[0]}.{cc[1]}")
+    return None
+
+
+def fp8_fallback_note(profile: ModelProfile, dc: DeviceCapacity) -> str | None:
+    """fp8 weights on 7.5 <= cc < 8.9: vLLM runs them weight-only through FP8 Marlin."""
+    cc = dc.device.compute_capability
+    if dc.device.kind is DeviceKind.CPU or cc is None or not (profile.quant and profile.quant.fp8_weights):
+        return None
+    if FP8_MARLIN_MIN_CAPABILITY <= tuple(cc) < FP8_MIN_CAPABILITY:
+        return (f"{dc.device.id}: {dc.device.name} (compute capability {cc[0]}.{cc[1]}) has no fp8 tensor cores "
+                f"(>= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}); vLLM falls back to the FP8 Marlin "
+                "weight-only kernel (W8A16): weights stay 1 byte each, matmuls run in 16 bits")
     return None
 
 
@@ -103,12 +130,19 @@ def dtype_note(profile: ModelProfile, dc: DeviceCapacity) -> str | None:
     return None
 
 
-def policy_key(dc: DeviceCapacity, allocation: Allocation) -> tuple:
-    """Sort key, best first. performance: fp16 TFLOPS, then bandwidth; conserve_tdp: low TDP, then SMs."""
+def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None = None) -> tuple:
+    """Sort key, best first.
+
+    performance: the planner's expected tokens/s of *this model* on the device (``speed``: a
+    roofline over bandwidth and compute, so an H100 ranks above an A100-80GB above an L40S for
+    decode-heavy work, where raw TFLOPS would put the L40S first), then bandwidth, then room;
+    without ``speed``: fp16 TFLOPS, then bandwidth. conserve_tdp: low TDP, then SMs.
+    """
     d = dc.device
     if allocation is Allocation.CONSERVE_TDP:
         return (d.tdp_w if d.tdp_w is not None else 10_000, -(d.sm_count or 0), -dc.available_bytes)
-    return (-(d.fp16_tflops or 0.0), -(d.memory_bandwidth_gbps or 0.0), -dc.available_bytes)
+    first = -speed(dc) if speed is not None else -(d.fp16_tflops or 0.0)
+    return (first, -(d.memory_bandwidth_gbps or 0.0), -dc.available_bytes)
 
 
 def _known(devices: list[DeviceCapacity]) -> str:
@@ -180,7 +214,8 @@ def place_pinned(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelP
 
 
 def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, need: NeedFn,
-               tp_override: int | None, *, budget_is_applied: bool = True) -> tuple[list[Placement], list[Rejection]]:
+               tp_override: int | None, *, budget_is_applied: bool = True,
+               speed: SpeedFn | None = None) -> tuple[list[Placement], list[Rejection]]:
     """Choose devices for ``spec.replicas`` replicas (or every eligible device for -1)."""
     reasons: dict[str, str] = {}
     gpus: list[DeviceCapacity] = []
@@ -199,9 +234,9 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
     placements: list[Placement] = []
 
     if tp1:
-        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1)
+        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1, speed=speed)
     if not placements and gpus:
-        placements = _tensor_parallel(gpus, spec, profile, need, tp_override, reasons, budget_is_applied)
+        placements = _tensor_parallel(gpus, spec, profile, need, tp_override, reasons, budget_is_applied, speed)
     if not placements and cpus:
         tp = tp_override or 1
         problem = profile.tp_problem(tp)
@@ -209,7 +244,7 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
             for dc in cpus:
                 reasons[dc.device.id] = problem
         else:
-            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp)
+            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp, speed=speed)
             note = ("no GPU can hold a replica; placed on CPU" if gpus else "no GPU in the registry; placed on CPU")
             for p in placements:
                 p.notes.append(note)
@@ -234,7 +269,7 @@ def _nothing_fits(spec: ModelSpec, devices: list[DeviceCapacity], rejected: list
 
 
 def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dict[str, str],
-            budget_is_applied: bool, *, tp: int) -> list[Placement]:
+            budget_is_applied: bool, *, tp: int, speed: SpeedFn | None = None) -> list[Placement]:
     """One replica per chosen device; free devices first, then co-location where memory allows."""
     fitting: list[tuple[tuple, int, DeviceCapacity, int]] = []
     for i, dc in enumerate(pool):
@@ -242,7 +277,7 @@ def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dic
         if need > cap:
             reasons[dc.device.id] = _short(need, cap) + (f" at tensor_parallel_size={tp}" if tp > 1 else "")
             continue
-        fitting.append((policy_key(dc, spec.allocation), i, dc, cap))
+        fitting.append((policy_key(dc, spec.allocation, speed), i, dc, cap))
     if not fitting:
         return []
     if spec.replicas == -1:
@@ -267,7 +302,8 @@ def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dic
 
 
 def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: ModelProfile, need: NeedFn,
-                     tp_override: int | None, reasons: dict[str, str], budget_is_applied: bool) -> list[Placement]:
+                     tp_override: int | None, reasons: dict[str, str], budget_is_applied: bool,
+                     speed: SpeedFn | None = None) -> list[Placement]:
     """The smallest TP size for which same-node groups exist; identical cards preferred."""
     by_node: dict[str, list[DeviceCapacity]] = defaultdict(list)
     for dc in gpus:
@@ -282,7 +318,7 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
         usable: list[DeviceCapacity] = []
         for node_devices in by_node.values():
             fitting = [dc for dc in node_devices if capacity(dc, budget_is_applied=budget_is_applied) >= per_device]
-            node_groups = _node_groups(fitting, tp, spec.allocation)
+            node_groups = _node_groups(fitting, tp, spec.allocation, speed)
             groups.extend(node_groups)
             usable.extend(dc for _, g in node_groups for dc in g)
         if not groups:
@@ -299,11 +335,12 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
     return []
 
 
-def _node_groups(devices: list[DeviceCapacity], tp: int, allocation: Allocation) -> list[tuple[tuple, list[DeviceCapacity]]]:
+def _node_groups(devices: list[DeviceCapacity], tp: int, allocation: Allocation,
+                 speed: SpeedFn | None = None) -> list[tuple[tuple, list[DeviceCapacity]]]:
     """Non-overlapping groups of ``tp`` devices on one node: identical cards first, then mixed leftovers."""
     if len(devices) < tp:
         return []
-    ordered = sorted(devices, key=lambda dc: (len(dc.hive_replicas), policy_key(dc, allocation)))
+    ordered = sorted(devices, key=lambda dc: (len(dc.hive_replicas), policy_key(dc, allocation, speed)))
     by_card: dict[tuple, list[DeviceCapacity]] = defaultdict(list)
     for dc in ordered:
         by_card[(dc.device.name, dc.device.total_bytes)].append(dc)
@@ -312,17 +349,18 @@ def _node_groups(devices: list[DeviceCapacity], tp: int, allocation: Allocation)
     for cards in by_card.values():
         whole = len(cards) // tp * tp
         for k in range(0, whole, tp):
-            groups.append((_group_key(cards[k:k + tp], allocation, identical=True), cards[k:k + tp]))
+            groups.append((_group_key(cards[k:k + tp], allocation, speed, identical=True), cards[k:k + tp]))
         leftovers.extend(cards[whole:])
     leftovers.sort(key=lambda dc: -dc.available_bytes)
     for k in range(0, len(leftovers) // tp * tp, tp):
         group = leftovers[k:k + tp]
-        groups.append((_group_key(group, allocation, identical=False), group))
+        groups.append((_group_key(group, allocation, speed, identical=False), group))
     return groups
 
 
-def _group_key(group: list[DeviceCapacity], allocation: Allocation, *, identical: bool) -> tuple:
-    weakest = max(policy_key(dc, allocation) for dc in group)
+def _group_key(group: list[DeviceCapacity], allocation: Allocation, speed: SpeedFn | None = None, *,
+               identical: bool) -> tuple:
+    weakest = max(policy_key(dc, allocation, speed) for dc in group)
     busiest = max(len(dc.hive_replicas) for dc in group)
     return (busiest, not identical, weakest, -min(dc.available_bytes for dc in group),
             group[0].device.id)

@@ -15,13 +15,27 @@ Bandwidth and compute are the device's datasheet figures at 80 % and 50 % effici
 step costs 1.5 ms with CUDA graphs, 4 ms eager, 10 ms on CPU. The estimate only ranks
 settings (and is reported as ``expected_tokens_per_s``); it is not a promise. Among the
 settings within 2 % of the best score the one with the smallest footprint wins, so a replica
-does not take a whole GPU for a 1 % gain and co-located models keep room.
+does not take a whole GPU for a 1 % gain and co-located models keep room. Limits: one
+request shape (the declared maximum lengths), no prefix-cache hits, no queueing, no
+speculative decoding, datasheet figures; T is searched over powers of two only.
+
+The same estimate ranks devices for the ``performance`` allocation policy
+(``_Sizer.device_speed``: tokens/s at 64 sequences and 2048 batched tokens on one such
+device), so a card with more bandwidth wins decode-heavy work even with fewer TFLOPS.
+
+``max_model_len`` = input + worst-case multimodal placeholder tokens (items per prompt x
+tokens per item, ``multimodal.py``) + output (pooling: no output). When the model's
+positions cannot hold that, a multimodal model gets an ``MmContextError`` (422) that names
+the knob to turn (``max_pixels``, ``limit_mm_per_prompt``, the lengths). Multimodal plans
+pass ``limit_mm_per_prompt`` explicitly (the user's entries, the hive's defaults for the
+rest) and keep the user's ``mm_processor_kwargs``.
 
 vLLM's rules are never broken: ``max_num_seqs <= max_num_batched_tokens``; without chunked
 prefill (pooling models, or ``enable_chunked_prefill=False``) ``max_num_batched_tokens >=
-max_model_len``; KV holds ``max_num_seqs`` requests of ``max_model_len`` tokens, block-rounded,
-plus the null block. ``kv_cache_memory_bytes`` is always passed explicitly, and
-``gpu_memory_utilization`` is the smallest multiple of 0.001 of the device's total that covers
+max_model_len``; ``max_num_batched_tokens`` >= the largest multimodal item (one step holds a
+whole item; the encoder budget is ``max(T, item)``); KV holds ``max_num_seqs`` requests of
+``max_model_len`` tokens, block-rounded, plus the null block. ``kv_cache_memory_bytes`` is
+always passed explicitly, and ``gpu_memory_utilization`` is the smallest multiple of 0.001 of the device's total that covers
 the in-budget footprint (everything but the CUDA context) and passes vLLM's start check
 (``util x total + context <= free``). On CPU, ``gpu_memory_utilization=0.9`` is passed but
 ignored by vLLM when ``kv_cache_memory_bytes`` is set (the CPU start check is skipped then).
@@ -29,9 +43,11 @@ ignored by vLLM when ``kv_cache_memory_bytes`` is set (the CPU start check is sk
 User overrides in ``vllm_kwargs`` are honoured exactly: ``max_num_seqs``,
 ``max_num_batched_tokens``, ``max_model_len``, ``kv_cache_memory_bytes``,
 ``gpu_memory_utilization`` (then KV fills that budget), ``enforce_eager``,
-``tensor_parallel_size``, ``kv_cache_dtype``, ``block_size``. One that cannot fit raises a
-422 that says by how much. Keys starting with ``hive_`` belong to the hive and are stripped
-from the engine kwargs.
+``tensor_parallel_size``, ``kv_cache_dtype``, ``block_size``, ``enable_chunked_prefill``,
+``enable_prefix_caching``. One that cannot fit, or that breaks one of vLLM's rules above,
+raises a 422 that says by how much. Keys starting with ``hive_`` belong to the hive and are
+stripped from the engine kwargs. Checkpoints quantized with a method vLLM 0.32 does not have
+(bitsandbytes) are refused for the real engine.
 """
 
 from __future__ import annotations
@@ -43,12 +59,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hive_apps.planning import memory as mem
 from hive_apps.planning.memory import human_bytes
-from hive_apps.planning.placement import Placement, capacity, dtype_note, place_auto, place_pinned
+from hive_apps.planning.placement import (
+    Placement, capacity, dtype_note, fp8_fallback_note, place_auto, place_pinned,
+)
 from hive_apps.planning.profile import ModelProfile
 from hive_apps.planning.types import (
-    DeviceCapacity, EngineSettings, Plan, PlanningError, ReplicaPlan,
+    DeviceCapacity, EngineSettings, MmContextError, Plan, PlanningError, ReplicaPlan,
 )
-from hive_apps.spec import ModelSpec
+from hive_apps.registry.devices import DeviceKind
+from hive_apps.spec import EngineKind, ModelSpec
 
 GPU_BATCH_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CPU_BATCH_TOKENS = (2048,)  # vLLM's CPU default for API servers; prefill on CPU is compute-bound anyway
@@ -56,6 +75,8 @@ GPU_MAX_SEQS = 1024  # vLLM's own default on H100/H200 (research note §A3)
 CPU_MAX_SEQS = 64  # a CPU engine serves a few dozen sequences at best
 CPU_UTILIZATION = 0.9  # passed on CPU; ignored there when kv_cache_memory_bytes is set
 NEAR_BEST = 0.98  # settings within 2 % of the best score count as equally good
+RANK_SEQS = 64  # the performance policy ranks devices by expected tokens/s at this batch ...
+RANK_TOKENS = 2048  # ... and this many batched tokens (see _Sizer.device_speed)
 
 GPU_BANDWIDTH_EFFICIENCY = 0.8
 GPU_COMPUTE_EFFICIENCY = 0.5
@@ -84,6 +105,7 @@ class Overrides(BaseModel):
     tensor_parallel_size: int | None = None
     block_size: int | None = None
     enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
     disable_hybrid_kv_cache_manager: bool | None = None
 
     @field_validator("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
@@ -133,6 +155,12 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
+    quant = profile.quant
+    if spec.engine is EngineKind.VLLM and quant is not None and not quant.vllm_supported:
+        raise PlanningError(
+            f"{spec.model!r} is quantized with {quant.method!r} ({quant.weight_format}), which vLLM 0.32 does not "
+            "support (its quantization methods include fp8, gptq, awq, compressed-tensors, modelopt, mxfp4); "
+            "use a checkpoint in one of those formats, or engine 'sim' to plan it anyway", 422)
     sizer = _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
 
     if spec.pins:
@@ -141,7 +169,8 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     else:
         try:
             placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
-                                              overrides.tensor_parallel_size, budget_is_applied=budget_is_applied)
+                                              overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
+                                              speed=sizer.device_speed)
         except PlanningError as exc:
             fixed = overrides.model_dump(exclude_none=True)
             if fixed and exc.status_code == 422:
@@ -151,7 +180,8 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
             raise
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
-                profile=profile.summary(), replicas=replicas, rejected=rejected, notes=list(profile.notes))
+                profile=profile.summary(), replicas=replicas, rejected=rejected,
+                notes=list(profile.notes) + sizer.notes)
 
 
 class _Sizer:
@@ -166,10 +196,16 @@ class _Sizer:
         self.budget_is_applied = budget_is_applied
         self.input_len = spec.max_input_prompt_length
         self.output_len = 0 if profile.runner == "pooling" else spec.max_output_prompt_length
+        self.notes: list[str] = []
+        self.mm_item = profile.mm_largest_item
         self.max_model_len = self._max_model_len()
         self.chunked = overrides.enable_chunked_prefill if overrides.enable_chunked_prefill is not None \
             else profile.runner == "generate"
+        self.prefix_caching = overrides.enable_prefix_caching if overrides.enable_prefix_caching is not None \
+            else profile.runner == "generate"
         self.hybrid = not overrides.disable_hybrid_kv_cache_manager
+        self.mm_limits = profile.mm_limits(engine_kwargs) if profile.is_multimodal and \
+            not engine_kwargs.get("language_model_only") else None
         if overrides.max_num_seqs and overrides.max_num_batched_tokens and \
                 overrides.max_num_seqs > overrides.max_num_batched_tokens:
             raise PlanningError(
@@ -179,23 +215,42 @@ class _Sizer:
                 overrides.max_num_batched_tokens < self.max_model_len:
             raise PlanningError(
                 f"vllm_kwargs.max_num_batched_tokens={overrides.max_num_batched_tokens} is below max_model_len="
-                f"{self.max_model_len} without chunked prefill; vLLM refuses that. Raise it or shorten the "
-                "prompt lengths", 422)
+                f"{self.max_model_len} without chunked prefill; vLLM refuses that. Raise it by "
+                f"{self.max_model_len - overrides.max_num_batched_tokens} tokens, turn chunked prefill on, or "
+                "shorten the prompt lengths", 422)
+        if overrides.max_num_batched_tokens and self.mm_item and \
+                overrides.max_num_batched_tokens < self.mm_item.tokens:
+            it = self.mm_item
+            raise PlanningError(
+                f"vllm_kwargs.max_num_batched_tokens={overrides.max_num_batched_tokens} is below the largest "
+                f"multimodal item ({it.tokens} tokens per {it.modality}: {it.how}), by "
+                f"{it.tokens - overrides.max_num_batched_tokens} tokens; a step must hold one whole item. Raise "
+                f"it or turn {it.knob}", 422)
         self._need_cache: dict[tuple[bool, int], int] = {}
         self._plan_cache: dict[tuple, _Choice] = {}
         self._frames: dict[tuple[bool, int, int], mem.Frame] = {}
         self._throughput: dict[tuple, Throughput] = {}
+        self._speed: dict[tuple, float] = {}
 
     # ---- lengths --------------------------------------------------------------------
 
     def _max_model_len(self) -> int:
+        """input + worst-case multimodal placeholder tokens + output (pooling: input + placeholders)."""
         limit = self.profile.max_position_embeddings
+        mm_tokens = self.profile.mm_prompt_tokens
+        total = self.input_len + mm_tokens + self.output_len
         if self.ov.max_model_len is not None:
             if limit and self.ov.max_model_len > limit:
                 raise PlanningError(f"vllm_kwargs.max_model_len={self.ov.max_model_len} exceeds the model's "
                                     f"max_position_embeddings={limit}", 422)
+            if self.ov.max_model_len < total:
+                self.notes.append(
+                    f"vllm_kwargs.max_model_len={self.ov.max_model_len} is kept, but the declared lengths need "
+                    f"{total} (input {self.input_len} + multimodal {mm_tokens} + output {self.output_len}); "
+                    "longer requests will be refused by vLLM")
             return self.ov.max_model_len
-        total = self.input_len + self.output_len
+        if mm_tokens and limit and total > limit:
+            raise self._mm_context_error(limit, mm_tokens, total)
         if limit and total > limit:
             if self.profile.runner == "pooling":
                 raise PlanningError(f"max_input_prompt_length={self.input_len} exceeds the model's "
@@ -204,6 +259,23 @@ class _Sizer:
                 f"max_input_prompt_length + max_output_prompt_length = {self.input_len} + {self.output_len} = "
                 f"{total} exceeds the model's max_position_embeddings={limit}; shorten one of them", 422)
         return total
+
+    def _mm_context_error(self, limit: int, mm_tokens: int, total: int) -> MmContextError:
+        parts = []
+        knobs: list[str] = []
+        for item in self.profile.mm_active.values():
+            parts.append(f"{item.limit} {item.modality} x {item.prompt_tokens} tokens ({item.how})")
+            knobs.append(item.knob)
+        knobs += ["limit_mm_per_prompt (fewer items per prompt, 0 disables a modality)",
+                  "max_output_prompt_length", "max_input_prompt_length"]
+        knobs = list(dict.fromkeys(knobs))
+        room = limit - self.output_len - self.input_len
+        return MmContextError(
+            f"the context cannot hold the multimodal placeholders plus the output: max_input_prompt_length "
+            f"{self.input_len} + multimodal placeholders {mm_tokens} ({'; '.join(parts)}) + "
+            f"max_output_prompt_length {self.output_len} = {total} exceeds the model's max_position_embeddings="
+            f"{limit} by {total - limit} tokens. Placeholders may take at most {max(0, room)} tokens here. Turn "
+            + ", or ".join(knobs), knobs)
 
     # ---- per-device settings ----------------------------------------------------------
 
@@ -216,6 +288,8 @@ class _Sizer:
         floor = self.ov.max_num_seqs or 1  # vLLM: max_num_seqs <= max_num_batched_tokens
         if not self.chunked:
             floor = max(floor, self.max_model_len)
+        if self.mm_item is not None:  # one step holds the largest multimodal item whole
+            floor = max(floor, self.mm_item.tokens)
         base = CPU_BATCH_TOKENS if on_cpu else GPU_BATCH_TOKENS
         return sorted({max(t, floor) for t in base})
 
@@ -230,13 +304,31 @@ class _Sizer:
         if frame is None:
             frame = mem.Frame(self.profile, tp=tp, on_cpu=on_cpu, max_model_len=self.max_model_len,
                               max_num_batched_tokens=tokens, enforce_eager=self._eager(on_cpu),
-                              block_size=self.profile.block_size(on_cpu, self.ov.block_size),
-                              hybrid_manager=self.hybrid, vllm_kwargs=self.kwargs)
+                              block_size=self.profile.block_size(on_cpu, self.ov.block_size, tp),
+                              hybrid_manager=self.hybrid, vllm_kwargs=self.kwargs,
+                              prefix_caching=self.prefix_caching)
             self._frames[key] = frame
         return frame
 
     def _estimate(self, on_cpu: bool, tp: int, tokens: int, seqs: int, kv_bytes: int | None = None) -> mem.MemoryEstimate:
         return self._frame(on_cpu, tp, tokens).estimate(seqs, kv_bytes)
+
+    def device_speed(self, dc: DeviceCapacity) -> float:
+        """Expected tokens/s of this model on one such device at a canonical batch: the performance ranking.
+
+        The roofline of ``Throughput`` at tp=1, ``RANK_SEQS`` sequences and ``RANK_TOKENS``
+        batched tokens, independent of the device's free memory, so the ranking is about speed
+        (memory bandwidth for decode, compute for prefill), not size.
+        """
+        d = dc.device
+        on_cpu = d.kind is DeviceKind.CPU
+        key = (on_cpu, d.memory_bandwidth_gbps, d.fp16_tflops, d.cpu_count)
+        speed = self._speed.get(key)
+        if speed is None:
+            perf = _perf([dc], on_cpu, 1, self._eager(on_cpu), self.profile)
+            tokens = max(RANK_TOKENS, self._token_candidates(on_cpu)[0])
+            speed = self._speed[key] = self._score(perf, 1, tokens, min(RANK_SEQS, tokens))
+        return speed
 
     def min_need(self, on_cpu: bool, tp: int) -> int:
         """Smallest footprint per device any plan can have: what placement compares with capacity."""
@@ -266,10 +358,13 @@ class _Sizer:
         )
         engine_kwargs = dict(self.kwargs)
         engine_kwargs.update(settings.model_dump())
+        if self.mm_limits is not None:
+            engine_kwargs["limit_mm_per_prompt"] = dict(self.mm_limits)
         if tp > 1 and not on_cpu:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
         notes = list(placement.notes)
         notes.extend(n for dc in devs if (n := dtype_note(self.profile, dc)))
+        notes.extend(n for dc in devs if (n := fp8_fallback_note(self.profile, dc)))
         first = devs[0].device
         return ReplicaPlan(
             index=index, node_id=first.node_id, node_name=first.node_name,

@@ -10,16 +10,28 @@ local folder (or of a Hugging Face name already in the local cache) with
 * the parameter count and weight bytes from the architecture: embeddings, attention (GQA
   and MLA projections), dense MLP, every MoE expert, Mamba-2 / gated-delta-net mixers,
   vision/audio towers; tied embeddings counted once; quantized linears at their packed
-  size (fp8, GPTQ/AWQ int4 + group scales, bitsandbytes, compressed-tensors, mxfp4);
+  size (fp8, GPTQ/AWQ int4 + group scales, bitsandbytes, compressed-tensors, mxfp4;
+  ``QuantScheme.vllm_supported`` says whether vLLM 0.32 still loads the method — it has
+  no bitsandbytes);
 * the KV cache layout per layer (``AttentionGroup``/``StateGroup``), from which
-  ``kv_bytes_per_token`` and the exact per-request memory of vLLM's block pool follow.
+  ``kv_bytes_per_token`` and the exact per-request memory of vLLM's block pool follow
+  (cross-checked against vLLM's own spec code by tests/engine/test_kv_crosscheck.py);
+* the multimodal towers and the worst-case placeholder tokens of one item per modality,
+  with ``limit_mm_per_prompt`` defaults (``multimodal.py``).
 
-A custom attention class can override the KV math: ``vllm_kwargs["hive_attention_cls"] =
-"pkg.module.Class"``. The class is built as ``Class(profile)`` and must provide
-``kv_bytes_per_token(tensor_parallel_size: int) -> int`` (bytes per token on one rank, all
-layers); it may also provide ``kv_bytes_per_sequence(max_model_len: int,
-tensor_parallel_size: int, block_size: int) -> int``. Every ``hive_*`` key is the hive's,
-never vLLM's: the planner strips them from the engine kwargs.
+The hook for architectures the profiles do not know: ``vllm_kwargs["hive_attention_cls"] =
+"pkg.module.Class"``. The class is built as ``Class(profile)`` and provides one or both of
+
+* ``kv_bytes_per_token(tensor_parallel_size: int) -> int``: KV bytes per token on one rank,
+  all layers (optionally ``kv_bytes_per_sequence(max_model_len, tensor_parallel_size,
+  block_size) -> int`` for layouts that are not linear in the length);
+* ``mm_max_tokens_per_item(mm_processor_kwargs: dict) -> dict[str, int]``: worst-case
+  placeholder tokens of one item per modality, like vLLM's
+  ``ProcessingInfo.get_mm_max_tokens_per_item``; image/audio default to one item per prompt.
+
+An unknown architecture without a hook is planned generically when its config has the usual
+fields, and refused (422, naming the missing fields) when it does not. Every ``hive_*`` key
+is the hive's, never vLLM's: the planner strips them from the engine kwargs.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from hive_apps.planning import multimodal as mm
+from hive_apps.planning.multimodal import MmItem, TowerInfo
 from hive_apps.planning.types import PlanningError, ProfileSummary
 
 # ---------------------------------------------------------------------------------------
@@ -166,18 +180,6 @@ class StateGroup(BaseModel):
         return conv + ssm
 
 
-class VisionInfo(BaseModel):
-    """A vision tower, enough to size its weights and the profiling pass vLLM runs on it."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    merge: int = 1  # tokens handed to the LM = patches / merge^2
-    tokens_per_item: int  # worst-case placeholder tokens of one image
-    params: int
-    replicated: bool = False  # mm_encoder_tp_mode="data"
-
-
 class ParamCounts(BaseModel):
     """Parameters by role; roles differ in quantization and in how TP shards them."""
 
@@ -205,6 +207,22 @@ class QuantScheme(BaseModel):
     quantized_roles: list[str]  # subset of attention, mlp, experts, mixer
     fp8_weights: bool = False
     weight_only: bool = True  # activations stay 16-bit
+
+    @property
+    def vllm_supported(self) -> bool:
+        """Whether vLLM 0.32 has this quantization method (bitsandbytes is gone from it)."""
+        return self.method in VLLM_QUANTIZATION_METHODS
+
+
+# vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods in vLLM 0.32 (no bitsandbytes:
+# ModelConfig answers "Unknown quantization method: bitsandbytes").
+VLLM_QUANTIZATION_METHODS = frozenset({
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8",
+})
 
 
 class ModelProfile(BaseModel):
@@ -251,7 +269,8 @@ class ModelProfile(BaseModel):
     active_params: int  # parameters touched per token (MoE: top-k experts only)
     attention_groups: list[AttentionGroup] = Field(default_factory=list)
     state_groups: list[StateGroup] = Field(default_factory=list)
-    vision: VisionInfo | None = None
+    towers: list[TowerInfo] = Field(default_factory=list)  # vision / audio encoders (loaded or not)
+    mm_items: dict[str, MmItem] = Field(default_factory=dict)  # worst-case item per supported modality
     checkpoint_bytes: int | None = None  # sum of safetensors tensors on disk, when readable
     attention_cls: str | None = None
     notes: list[str] = Field(default_factory=list)
@@ -264,7 +283,32 @@ class ModelProfile(BaseModel):
 
     @property
     def is_multimodal(self) -> bool:
-        return self.vision is not None
+        return bool(self.mm_items)
+
+    @property
+    def mm_active(self) -> dict[str, MmItem]:
+        """Modalities a prompt may carry (limit > 0); their towers are loaded."""
+        return {m: item for m, item in self.mm_items.items() if item.limit > 0}
+
+    @property
+    def mm_prompt_tokens(self) -> int:
+        """Worst-case prompt tokens all multimodal items of one prompt add (limit x tokens per item)."""
+        return sum(item.limit * item.prompt_tokens for item in self.mm_active.values())
+
+    @property
+    def mm_largest_item(self) -> MmItem | None:
+        """The item vLLM profiles the encoder with (most tokens; ties broken by modality name, as vLLM)."""
+        active = self.mm_active
+        if not active:
+            return None
+        return max(active.values(), key=lambda item: (item.tokens, item.modality))
+
+    def mm_limits(self, vllm_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``limit_mm_per_prompt`` to pass to vLLM: the user's entries untouched, defaults for the rest."""
+        return mm.engine_limits(self.mm_items, vllm_kwargs or {})
+
+    def tower(self, kind: str) -> TowerInfo | None:
+        return next((t for t in self.towers if t.kind == kind and t.loaded), None)
 
     @property
     def needs_fp8_hardware(self) -> bool:
@@ -286,15 +330,21 @@ class ModelProfile(BaseModel):
         """
         key = ("kv", tp)
         if key not in self._per_rank_cache:
-            if self._attention_hook is not None:
-                value = int(self._attention_hook.kv_bytes_per_token(tp))
+            if self._kv_hook is not None:
+                value = int(self._kv_hook.kv_bytes_per_token(tp))
             else:
                 value = sum(g.num_layers * g.bytes_per_token_per_layer(tp, self.kv_elem_bytes)
                             for g in self.attention_groups)
             self._per_rank_cache[key] = value
         return self._per_rank_cache[key]
 
+    @property
+    def _kv_hook(self) -> Any:
+        hook = self._attention_hook
+        return hook if hook is not None and callable(getattr(hook, "kv_bytes_per_token", None)) else None
+
     def state_bytes_per_sequence(self, tp: int = 1) -> int:
+        """Bytes of every recurrent layer's state for one request on one rank (vLLM MambaSpec pages, unpadded)."""
         return sum(g.num_layers * g.bytes_per_layer(tp) for g in self.state_groups)
 
     def role_bytes(self, role: str) -> float:
@@ -315,7 +365,7 @@ class ModelProfile(BaseModel):
         sharded = (w.get("attention", 0) + w.get("mlp", 0) + w.get("experts", 0) + w.get("mixer", 0)) / tp
         sharded += (w.get("embed", 0) + w.get("lm_head", 0)) * embed_frac
         towers = w.get("towers", 0)
-        if self.vision is None or not self.vision.replicated:
+        if not any(t.replicated for t in self.towers):
             towers /= tp
         return int(sharded + towers + w.get("small", 0))
 
@@ -331,25 +381,31 @@ class ModelProfile(BaseModel):
             return f"tensor_parallel_size={tp} and the {kv} KV heads do not divide one another"
         return None
 
-    def block_size(self, on_cpu: bool, override: int | None = None) -> int:
-        """vLLM's KV block size: CUDA 16 (FlashMLA 64), CPU 128 (CPU MLA 16), raised for mamba hybrids."""
-        if override:
-            return override
+    def block_size(self, on_cpu: bool, override: int | None = None, tp: int = 1) -> int:
+        """vLLM's KV block size: CUDA 16 (FlashMLA 64), CPU 128 (CPU MLA 16), raised for mamba hybrids.
+
+        Hybrids (Platform._align_hybrid_block_size): the attention page must hold one layer's
+        recurrent state, so ``block = align x cdiv(state, align x attention bytes per token)``
+        with ``align`` the block size the backend starts from (16 on CUDA, 128 on CPU; at
+        least 128 for MLA hybrids), all per rank at this TP size. A user block size is raised
+        the same way (vLLM overrides it too).
+        """
         if self.is_mla:
             base = 16 if on_cpu else 64
         else:
             base = 128 if on_cpu else 16
-        if self.state_groups and self.attention_groups:
-            # Attention pages grow until one page holds a whole mamba state
-            # (Platform.update_block_size_for_backend / _align_hybrid_block_size).
-            per_token = self.attention_groups[0].bytes_per_token_per_layer(1, self.kv_elem_bytes)
-            state = max(g.bytes_per_layer(1) for g in self.state_groups)
+        if override:
+            base = override
+        if self.state_groups and self.attention_groups and self._kv_hook is None:
+            per_token = self.attention_groups[0].bytes_per_token_per_layer(tp, self.kv_elem_bytes)
+            state = max(g.bytes_per_layer(tp) for g in self.state_groups)
+            align = max(base, 128) if self.is_mla else base
             if per_token:
-                base = max(base, _round_up(_cdiv(state, per_token), 16))
+                base = max(base, align * _cdiv(state, align * per_token))
         return base
 
     def kv_pool_need(self, max_model_len: int, tp: int, block_size: int, in_flight_tokens: int,
-                     hybrid_manager: bool = True) -> tuple[int, int]:
+                     hybrid_manager: bool = True, prefix_caching: bool = True) -> tuple[int, int]:
         """(bytes one request of ``max_model_len`` tokens holds, bytes of one pool block).
 
         Mirrors vLLM 0.32's pool: layers of one kind form a bucket; buckets split into
@@ -357,10 +413,13 @@ class ModelProfile(BaseModel):
         counts are within 1.5x; padding layers are added); every group page is
         ``group_size x per-layer page``. A request holds, per group: full attention
         ``cdiv(L, block)`` blocks, sliding window ``cdiv(min(window-1+in_flight, L), block)+1``,
-        a recurrent state one block. The pool keeps one extra (null) block back.
+        a recurrent state one block, or with prefix caching (on by default for generative
+        hybrids: mamba_cache_mode "align") ``2 + checkpoint`` blocks, where Mamba-2 mixers
+        keep one prefill checkpoint block (MambaSpec.max_memory_usage_bytes,
+        MambaMixer2.get_kv_cache_spec). The pool keeps one extra (null) block back.
         """
-        if self._attention_hook is not None:
-            hook = self._attention_hook
+        if self._kv_hook is not None:
+            hook = self._kv_hook
             if hasattr(hook, "kv_bytes_per_sequence"):
                 per_seq = int(hook.kv_bytes_per_sequence(max_model_len, tp, block_size))
             else:
@@ -380,7 +439,8 @@ class ModelProfile(BaseModel):
         attn_page = buckets[0][1] if buckets else 0
         for s in self.state_groups:
             page = max(s.bytes_per_layer(tp), attn_page)  # mamba pages padded to the attention page
-            buckets.append((s.num_layers, page, 1))
+            blocks = (2 + (1 if s.kind == "mamba2" else 0)) if prefix_caching else 1
+            buckets.append((s.num_layers, page, blocks))
         buckets = [b for b in buckets if b[0] and b[1]]
         if not buckets:
             return 0, 0
@@ -405,6 +465,8 @@ class ModelProfile(BaseModel):
             runner=self.runner, dtype=self.dtype, num_params=self.num_params,
             weight_bytes=self.weight_bytes, kv_bytes_per_token=self.kv_bytes_per_token(1),
             max_position_embeddings=self.max_position_embeddings,
+            mm_tokens_per_item={m: i.tokens for m, i in self.mm_items.items()},
+            limit_mm_per_prompt={m: i.limit for m, i in self.mm_items.items()},
         )
 
 
@@ -546,8 +608,9 @@ def _build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
         raise PlanningError(
             f"cannot plan {architecture or model_type or 'this model'}: its config lacks "
             f"{', '.join(missing)} (also looked for the usual aliases); the hive cannot size "
-            "weights and KV cache without them. Add them to config.json or give a "
-            "'hive_attention_cls' for the KV math", 422,
+            "the weights and activations without them. Add them to config.json; for an attention "
+            "layout the hive does not know, a vllm_kwargs['hive_attention_cls'] hook then supplies "
+            "the KV bytes per token and the multimodal tokens per item", 422,
         )
     hidden, layers, heads, vocab, intermediate = (int(hidden), int(layers), int(heads), int(vocab),
                                                   int(intermediate))
@@ -589,11 +652,8 @@ def _build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
                                 vocab=vocab, intermediate=intermediate, is_mla=is_mla,
                                 encoder_only=encoder_only)
 
-    vision = _vision_info(cfg, text, model_type, hidden, path, vllm_kwargs, notes)
-    if vision is not None:
-        counts.towers = vision.params
-    audio = _audio_params(cfg, hidden, vllm_kwargs)
-    counts.towers += audio
+    towers, mm_items = _multimodal(cfg, text, model_type, hidden, path, vllm_kwargs, notes)
+    counts.towers = sum(t.params for t in towers if t.loaded)
 
     weights_by_role = _weights_by_role(counts, quant, dtype_bytes)
     weight_bytes = int(sum(weights_by_role.values()))
@@ -622,7 +682,7 @@ def _build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
         if is_mla else 0,
         mla_v_head_dim=int(_get(text, "v_head_dim", default=0)) if is_mla else 0,
         params=counts, num_params=counts.total, weight_bytes=weight_bytes, active_params=max(1, active),
-        attention_groups=attention_groups, state_groups=state_groups, vision=vision,
+        attention_groups=attention_groups, state_groups=state_groups, towers=towers, mm_items=mm_items,
         checkpoint_bytes=_checkpoint_bytes(path), notes=notes,
     )
     profile._weights_by_role = weights_by_role
@@ -631,6 +691,14 @@ def _build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
         profile.attention_cls = str(hook)
         profile._attention_hook = _load_attention_hook(str(hook), profile)
         profile._per_rank_cache.clear()  # figures cached while the hook was being built
+        _apply_mm_hook(profile, profile._attention_hook, vllm_kwargs)
+        towers_params = sum(t.params for t in profile.towers if t.loaded)
+        if towers_params != profile.params.towers:  # the hook's limits loaded or dropped a tower
+            profile.params.towers = towers_params
+            profile._weights_by_role = _weights_by_role(profile.params, quant, dtype_bytes)
+            profile.weight_bytes = int(sum(profile._weights_by_role.values()))
+            profile.num_params = profile.params.total
+            profile._per_rank_cache.clear()
     return profile
 
 
@@ -643,10 +711,12 @@ def _load_attention_hook(dotted: str, profile: ModelProfile) -> Any:
         raise PlanningError(
             f"hive_attention_cls {dotted!r} cannot be loaded: {type(exc).__name__}: {exc}; give "
             "an importable 'package.module.Class' whose Class(profile) has "
-            "kv_bytes_per_token(tensor_parallel_size) -> int", 422,
+            "kv_bytes_per_token(tensor_parallel_size) -> int and/or "
+            "mm_max_tokens_per_item(mm_processor_kwargs) -> dict", 422,
         ) from exc
-    if not callable(getattr(hook, "kv_bytes_per_token", None)):
-        raise PlanningError(f"hive_attention_cls {dotted!r} has no kv_bytes_per_token(tensor_parallel_size)", 422)
+    if not any(callable(getattr(hook, name, None)) for name in ("kv_bytes_per_token", "mm_max_tokens_per_item")):
+        raise PlanningError(f"hive_attention_cls {dotted!r} has neither kv_bytes_per_token(tensor_parallel_size) "
+                            "nor mm_max_tokens_per_item(mm_processor_kwargs)", 422)
     return hook
 
 
@@ -1067,91 +1137,146 @@ def _cache_groups(text: Any, text_type: str, layout: list[_Layer], *, kv_heads: 
 # ---- multimodal towers ----------------------------------------------------------------
 
 
-def _mm_disabled(vllm_kwargs: dict[str, Any], modality: str) -> bool:
-    if vllm_kwargs.get("language_model_only"):
-        return True
-    limits = vllm_kwargs.get("limit_mm_per_prompt")
-    if isinstance(limits, dict) and modality in limits:
-        v = limits[modality]
-        count = v.get("count", 1) if isinstance(v, dict) else v
-        return count == 0
-    return False
+def _vit_block(vh: int, vi: int) -> int:
+    """One pre-norm ViT/Whisper encoder block: q,k,v,o with biases, two-matrix MLP, two LayerNorms."""
+    return 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
 
 
-def _vision_info(cfg: Any, text: Any, model_type: str, lm_hidden: int, folder: str,
-                 vllm_kwargs: dict[str, Any], notes: list[str]) -> VisionInfo | None:
-    vc = _get(cfg, "vision_config")
-    if vc is None or vc is text or _mm_disabled(vllm_kwargs, "image"):
-        return None
+def _multimodal(cfg: Any, text: Any, model_type: str, lm_hidden: int, folder: str,
+                vllm_kwargs: dict[str, Any], notes: list[str]) -> tuple[list[TowerInfo], dict[str, MmItem]]:
+    """The model's towers and the worst-case item of every modality it supports (see multimodal.py)."""
+    mm_kwargs = vllm_kwargs.get("mm_processor_kwargs") or {}
+    if not isinstance(mm_kwargs, dict):
+        mm_kwargs = {}
     replicated = vllm_kwargs.get("mm_encoder_tp_mode") == "data"
-    vtype = str(_get(vc, "model_type", default=""))
-    if vtype.startswith(("qwen2_5_vl", "qwen2_vl")) or model_type in ("qwen2_vl", "qwen2_5_vl"):
-        vh = int(_get(vc, "hidden_size", "embed_dim"))
-        depth = int(_get(vc, "depth", "num_hidden_layers"))
-        gated = model_type == "qwen2_5_vl" or vtype.startswith("qwen2_5")
-        vi = int(_get(vc, "intermediate_size", default=0) or vh * int(_get(vc, "mlp_ratio", default=4)))
-        patch = int(_get(vc, "patch_size", "spatial_patch_size", default=14))
-        temporal = int(_get(vc, "temporal_patch_size", default=2))
-        merge = int(_get(vc, "spatial_merge_size", default=2))
-        out = int(_get(vc, "out_hidden_size", default=lm_hidden))
-        block = 3 * vh * vh + 3 * vh + vh * vh + vh + (3 * vh * vi + 2 * vi + vh if gated else 2 * vh * vi + vi + vh)
-        block += 2 * vh if gated else 4 * vh
-        m = vh * merge * merge
-        params = depth * block + 3 * temporal * patch * patch * vh + vh + (m * m + m + m * out + out)
-        mm_kwargs = vllm_kwargs.get("mm_processor_kwargs") or {}
-        max_pixels = _get(mm_kwargs, "max_pixels") or _get(mm_kwargs.get("images_kwargs") or {}, "max_pixels")
-        if not max_pixels:
-            pre = _read_json(folder, "preprocessor_config.json") or {}
-            max_pixels = pre.get("max_pixels") or (pre.get("size") or {}).get("longest_edge") or 12845056
-        tokens = max(1, int(max_pixels) // (patch * merge) ** 2)
-        if tokens >= 4096:
-            notes.append(f"vision: up to {tokens} tokens per image; cap mm_processor_kwargs.max_pixels "
-                         "to bound the encoder profiling pass")
-        return VisionInfo(hidden_size=vh, intermediate_size=vi, num_layers=depth, merge=merge,
-                          tokens_per_item=tokens, params=params, replicated=replicated)
-    # generic ViT (CLIP, SigLIP, MoonViT, Mllama ...)
-    vh = int(_get(vc, "hidden_size", "vt_hidden_size", "embed_dim", "width", default=0))
-    if not vh:
-        return None
-    depth = int(_get(vc, "num_hidden_layers", "vt_num_hidden_layers", "depth", "num_layers", default=24))
-    depth += int(_get(vc, "num_global_layers", default=0))
-    vi = int(_get(vc, "intermediate_size", "vt_intermediate_size", default=4 * vh))
-    patch = _get(vc, "patch_size", default=14)
-    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
-    image = _get(vc, "image_size", default=0)
-    image = int(image[0] if isinstance(image, (list, tuple)) else image or 0)
-    channels = int(_get(vc, "num_channels", default=3))
-    merge_kernel = _get(vc, "merge_kernel_size", default=None)
-    merge = int(merge_kernel[0]) if isinstance(merge_kernel, (list, tuple)) else 1
-    positions = (image // patch) ** 2 + 1 if image else 0
-    block = 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
-    params = depth * block + channels * patch * patch * vh + vh + positions * vh + 2 * vh
-    if model_type in ("gemma3", "gemma3n"):
-        params += vh * lm_hidden + vh  # mm_input_projection + soft embedding norm
-        tokens = int(_get(cfg, "mm_tokens_per_image", default=256))
-    elif model_type.startswith("llava"):
-        params += vh * lm_hidden + lm_hidden + lm_hidden * lm_hidden + lm_hidden  # 2-layer projector
-        tokens = positions - 1 if positions else 576
-    else:
-        m = vh * merge * merge
-        params += m * m + m + m * lm_hidden + lm_hidden
-        tokens = max(1, (positions - 1) // (merge * merge)) if positions else 1024
-    return VisionInfo(hidden_size=vh, intermediate_size=vi, num_layers=depth, merge=max(1, merge),
-                      tokens_per_item=tokens, params=params, replicated=replicated)
+    pre = _read_json(folder, "preprocessor_config.json")
+    towers: list[TowerInfo] = []
+    # modality -> (tower kind, tokens, prompt tokens, tower positions, knob, how)
+    raw: dict[str, tuple[str, int, int, int, str, str]] = {}
+    defaults: dict[str, int] = {}
 
+    vc = _get(cfg, "vision_config")
+    if vc is not None and vc is not text:
+        vtype = str(_get(vc, "model_type", default=""))
+        if vtype.startswith(("qwen2_5_vl", "qwen2_vl")) or model_type in ("qwen2_vl", "qwen2_5_vl"):
+            vh = int(_get(vc, "hidden_size", "embed_dim"))
+            depth = int(_get(vc, "depth", "num_hidden_layers"))
+            gated = model_type == "qwen2_5_vl" or vtype.startswith("qwen2_5")
+            vi = int(_get(vc, "intermediate_size", default=0) or vh * int(_get(vc, "mlp_ratio", default=4)))
+            patch = int(_get(vc, "patch_size", "spatial_patch_size", default=14))
+            temporal = int(_get(vc, "temporal_patch_size", default=2))
+            merge = int(_get(vc, "spatial_merge_size", default=2))
+            out = int(_get(vc, "out_hidden_size", default=lm_hidden))
+            mlp = 3 * vh * vi + 2 * vi + vh if gated else 2 * vh * vi + vi + vh
+            block = 3 * vh * vh + 3 * vh + vh * vh + vh + mlp
+            block += 2 * vh if gated else 4 * vh
+            m = vh * merge * merge
+            params = depth * block + 3 * temporal * patch * patch * vh + vh + (m * m + m + m * out + out)
+            towers.append(TowerInfo(kind="vision", modalities=["image", "video"], hidden_size=vh,
+                                    intermediate_size=vi, num_layers=depth, params=params, replicated=replicated))
+            for modality, (tokens, positions, how) in mm.qwen_vl_items(vc, _get, pre, mm_kwargs, notes).items():
+                scope = "images_kwargs" if modality == "image" else "videos_kwargs"
+                raw[modality] = ("vision", tokens, tokens + mm.QWEN_VL_WRAPPER_TOKENS, positions,
+                                 f"mm_processor_kwargs.max_pixels (or {scope}.max_pixels)", how)
+            defaults["image"] = 1
+        else:  # generic ViT (CLIP, SigLIP, ...) with a projector
+            vh = int(_get(vc, "hidden_size", "vt_hidden_size", "embed_dim", "width", default=0))
+            if vh:
+                depth = int(_get(vc, "num_hidden_layers", "vt_num_hidden_layers", "depth", "num_layers", default=24))
+                depth += int(_get(vc, "num_global_layers", default=0))
+                vi = int(_get(vc, "intermediate_size", "vt_intermediate_size", default=4 * vh))
+                patch = _get(vc, "patch_size", default=14)
+                patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
+                image = _get(vc, "image_size", default=0)
+                image = int(image[0] if isinstance(image, (list, tuple)) else image or 0)
+                channels = int(_get(vc, "num_channels", default=3))
+                merge_kernel = _get(vc, "merge_kernel_size", default=None)
+                merge = int(merge_kernel[0]) if isinstance(merge_kernel, (list, tuple)) else 1
+                positions = (image // patch) ** 2 + 1 if image else 0
+                embed = channels * patch * patch * vh + vh + positions * vh + 2 * vh
+                if model_type in ("gemma3", "gemma3n"):
+                    params = depth * _vit_block(vh, vi) + embed + vh * lm_hidden + vh  # + mm projection, norm
+                    tokens, prompt, pos, how = mm.gemma3_image(cfg, vc, _get, pre, mm_kwargs)
+                    knob = "mm_processor_kwargs.do_pan_and_scan / pan_and_scan_max_num_crops" if tokens > \
+                        int(_get(cfg, "mm_tokens_per_image", default=256)) else "limit_mm_per_prompt"
+                elif model_type.startswith("llava"):
+                    feature = _get(cfg, "vision_feature_layer", default=-1)
+                    layers = [feature] if isinstance(feature, int) else list(feature)
+                    depth = max(depth + f + 1 if f < 0 else f for f in layers)  # llava._get_num_hidden_layers
+                    params = depth * _vit_block(vh, vi) + embed
+                    params += vh * lm_hidden + lm_hidden + lm_hidden * lm_hidden + lm_hidden  # 2-layer projector
+                    tokens, pos, how = mm.llava_image(cfg, vc, _get)
+                    prompt, knob = tokens, "limit_mm_per_prompt (a LLaVA image is always this size)"
+                else:
+                    m = vh * merge * merge
+                    params = depth * _vit_block(vh, vi) + embed + m * m + m + m * lm_hidden + lm_hidden
+                    tokens = max(1, (positions - 1) // (merge * merge)) if positions else 1024
+                    prompt, pos, knob = tokens, max(1, positions) if positions else tokens, "limit_mm_per_prompt"
+                    how = ("generic ViT estimate (image_size/patch)^2/merge^2; a hive_attention_cls with "
+                           "mm_max_tokens_per_item gives the exact figure")
+                    notes.append(f"vision tokens per image estimated ({tokens}): {how}")
+                towers.append(TowerInfo(kind="vision", modalities=["image"], hidden_size=vh, intermediate_size=vi,
+                                        num_layers=depth, params=params, replicated=replicated))
+                raw["image"] = ("vision", tokens, prompt, pos, knob, how)
+                defaults["image"] = 1
 
-def _audio_params(cfg: Any, lm_hidden: int, vllm_kwargs: dict[str, Any]) -> int:
     ac = _get(cfg, "audio_config")
-    if ac is None or _mm_disabled(vllm_kwargs, "audio"):
-        return 0
-    ah = int(_get(ac, "d_model", "hidden_size", default=1280))
-    layers = int(_get(ac, "encoder_layers", "num_hidden_layers", default=32))
-    ai = int(_get(ac, "encoder_ffn_dim", "intermediate_size", default=4 * ah))
-    block = 4 * ah * ah + 4 * ah + 2 * ah * ai + ai + ah + 4 * ah
-    return layers * block + ah * lm_hidden + lm_hidden
+    if ac is not None:
+        ah = int(_get(ac, "d_model", "hidden_size", default=1280))
+        layers = int(_get(ac, "encoder_layers", "num_hidden_layers", default=32))
+        ai = int(_get(ac, "encoder_ffn_dim", "intermediate_size", default=4 * ah))
+        mels = int(_get(ac, "num_mel_bins", default=128))
+        source = int(_get(ac, "max_source_positions", default=1500))
+        conv = mels * ah * 3 + ah + ah * ah * 3 + ah  # two 1-D convolutions (kernel 3)
+        params = layers * _vit_block(ah, ai) + conv + source * ah + 2 * ah + ah * lm_hidden + lm_hidden
+        towers.append(TowerInfo(kind="audio", modalities=["audio"], hidden_size=ah, intermediate_size=ai,
+                                num_layers=layers, params=params, replicated=replicated))
+        tokens, pos, how = mm.whisper_audio(pre)
+        raw["audio"] = ("audio", tokens, tokens + mm.AUDIO_WRAPPER_TOKENS, pos,
+                        "limit_mm_per_prompt (an audio item is at most one 30 s clip)", how)
+        defaults["audio"] = 1
+
+    limits = mm.resolve_limits(list(raw), defaults, vllm_kwargs)
+    for tower in towers:
+        tower.loaded = any(limits.get(m, 0) > 0 for m in tower.modalities)
+    items = {m: mm.MmItem(modality=m, tower=t, tokens=tok, prompt_tokens=prompt, encoder_positions=pos,
+                          limit=limits[m], knob=knob, how=how)
+             for m, (t, tok, prompt, pos, knob, how) in raw.items()}
+    for m, item in items.items():
+        if item.limit and item.tokens >= 4096:
+            notes.append(f"{m}: up to {item.tokens} tokens per item ({item.how}); the encoder budget and "
+                         f"max_num_batched_tokens follow it; turn {item.knob} to shrink it")
+    return towers, items
+
+
+def _apply_mm_hook(profile: ModelProfile, hook: Any, vllm_kwargs: dict[str, Any]) -> None:
+    """A hook's ``mm_max_tokens_per_item(mm_processor_kwargs)`` replaces the per-item token math."""
+    fn = getattr(hook, "mm_max_tokens_per_item", None)
+    if not callable(fn):
+        return
+    try:
+        figures = {str(k): int(v) for k, v in dict(fn(dict(vllm_kwargs.get("mm_processor_kwargs") or {}))).items()}
+    except Exception as exc:
+        raise PlanningError(f"hive_attention_cls {profile.attention_cls!r}: mm_max_tokens_per_item failed: "
+                            f"{type(exc).__name__}: {exc}", 422) from exc
+    defaults = {m: 1 for m in figures if m in ("image", "audio")}
+    limits = mm.resolve_limits(sorted(set(figures) | set(profile.mm_items)), defaults, vllm_kwargs)
+    items = dict(profile.mm_items)
+    for modality, tokens in figures.items():
+        old = items.get(modality)
+        scale = old.encoder_positions / max(1, old.tokens) if old else 1.0
+        items[modality] = mm.MmItem(
+            modality=modality, tower=old.tower if old else "hook", tokens=tokens, prompt_tokens=tokens,
+            encoder_positions=max(1, int(tokens * scale)), limit=limits[modality],
+            knob=old.knob if old else "limit_mm_per_prompt", how=f"from {profile.attention_cls}")
+    for modality, item in items.items():
+        item.limit = limits.get(modality, item.limit)
+    profile.mm_items = items
+    for tower in profile.towers:
+        tower.loaded = any(items[m].limit > 0 for m in tower.modalities if m in items)
 
 
 __all__ = [
-    "AttentionGroup", "ModelProfile", "ParamCounts", "QuantScheme", "StateGroup", "VisionInfo",
+    "AttentionGroup", "ModelProfile", "ParamCounts", "QuantScheme", "StateGroup", "TowerInfo", "MmItem",
     "load_profile", "profile_from_config_dict",
 ]

@@ -73,6 +73,8 @@ class ProfileSummary(BaseModel):
     weight_bytes: int
     kv_bytes_per_token: int
     max_position_embeddings: int | None = None
+    mm_tokens_per_item: dict[str, int] = Field(default_factory=dict)  # worst-case placeholders per item
+    limit_mm_per_prompt: dict[str, int] = Field(default_factory=dict)  # items per prompt the plan allows
 
 
 class Plan(BaseModel):
@@ -93,3 +95,11 @@ class PlanningError(Exception):
         self.message = message
         self.status_code = status_code
         self.rejected = rejected or []
+
+
+class MmContextError(PlanningError):
+    """The model's context cannot hold the worst-case multimodal placeholders plus the output (422)."""
+
+    def __init__(self, message: str, knobs: list[str] | None = None):
+        super().__init__(message, 422)
+        self.knobs = list(knobs or [])

@@ -21,7 +21,7 @@ from hive_apps.registry.devices import Device
 from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of, sample_node
-from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus, Reservation
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import get_settings
 
@@ -110,7 +110,8 @@ class Registry:
             if rec is None:
                 continue
             rec.lost_replicas[f"r{r.replica}"] = f"node of {', '.join(r.devices)} died"
-            rec.status = ModelStatus.DEGRADED
+            if rec.status in SERVING:
+                rec.status = ModelStatus.DEGRADED
             rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"
             await self.put_model(rec)
             log.warning("released %s: node of %s is dead", r.key, r.devices)
@@ -142,6 +143,11 @@ class Registry:
         self.ledger.activate(model_id)
         for r in self.ledger.of_model(model_id):
             self.store.put(f"reservation/{r.key}", r)
+
+    async def release_replicas(self, model_id: str, indices: list[int]) -> None:
+        for i in indices:
+            if self.ledger.release_key(f"{model_id}/r{i}") is not None:
+                self.store.delete(f"reservation/{model_id}/r{i}")
 
     async def release(self, model_id: str) -> int:
         self.start_locks.release(model_id)
@@ -194,6 +200,8 @@ class Registry:
         self.ledger.reservations.clear()
         for rec in self.models.values():
             for rp in rec.plan.replicas:
+                if f"r{rp.index}" in rec.lost_replicas:
+                    continue
                 r = Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices,
                                 bytes_per_device=rp.reservation_bytes)
                 self.ledger.reservations[r.key] = r

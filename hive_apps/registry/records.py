@@ -35,11 +35,13 @@ class ModelStatus(str, Enum):
     DEPLOYING = "deploying"
     READY = "ready"
     DEGRADED = "degraded"  # serving, but some replicas were lost
+    HEALING = "healing"  # serving while replacements for lost replicas start
     FAILED = "failed"
     DELETING = "deleting"
 
 
-SERVING = (ModelStatus.READY, ModelStatus.DEGRADED)
+SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING)
+STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING)
 
 
 class ModelRecord(BaseModel):
@@ -51,4 +53,5 @@ class ModelRecord(BaseModel):
     created_at: float = Field(default_factory=time.time)
     ready_at: float | None = None
     lost_replicas: dict[str, str] = Field(default_factory=dict)  # "r0" -> why it is gone
+    healing_replicas: list[int] = Field(default_factory=list)  # replacements being started
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start

@@ -94,3 +94,33 @@ def test_dead_node_releases_reservations_and_shows_lost_replicas(clean):
     assert "node-c:gpu0" not in hive.gpus()
     assert hive.admin.get("/models/survivor").json()["status"] == "ready"
     assert len(registry.reservations.remote("survivor").result()) == 1
+
+
+def test_replica_lost_with_its_node_is_replaced_elsewhere(clean):
+    hive = clean
+    node = hive.cluster.add_node(num_cpus=1, labels={"ray-hive/node": "node-d", "ray-hive/sim-gpus": "H200"})
+    deadline = time.time() + 60
+    while "node-d:gpu0" not in hive.gpus():
+        assert time.time() < deadline
+        time.sleep(0.5)
+    # auto placement with the performance policy takes the H200
+    r = hive.deploy(model_id="phoenix", model=SIM_MODEL, engine="sim", vllm_kwargs={"sim_tokens_per_s": 1000})
+    assert r.status_code == 200, r.text
+    assert r.json()["replicas"]["r0"]["devices"] == ["node-d:gpu0"]
+
+    hive.cluster.remove_node(node)
+    deadline = time.time() + 90
+    seen = set()
+    while True:
+        status = hive.admin.get("/models/phoenix").json()
+        seen.add(status["status"])
+        if status["status"] == "ready" and status["replicas"]["r0"]["devices"] != ["node-d:gpu0"]:
+            break
+        assert time.time() < deadline, f"not healed: {status}"
+        time.sleep(0.5)
+    assert "healing" in seen or "degraded" in seen
+    new_device = status["replicas"]["r0"]["devices"][0]
+    assert hive.gpus()[new_device]["replicas"] == ["phoenix/r0"] or "phoenix/r0" in hive.gpus()[new_device]["replicas"]
+    out = hive.api.post("/v1/chat/completions", json={"model": "phoenix", "max_tokens": 1,
+                                                      "messages": [{"role": "user", "content": "back?"}]})
+    assert out.status_code == 200, out.text
