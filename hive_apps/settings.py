@@ -30,6 +30,7 @@ class HiveSettings(BaseModel):
     memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the hive may plan on.")
     monitor_interval_s: float = Field(1.0, gt=0, description="How often the registry samples every node's devices.")
     deploy_timeout_s: float = Field(900.0, gt=0, description="Deadline for every replica of a deploy to become ready.")
+    pending_reservation_ttl_s: float = Field(960.0, gt=0, description="A reservation whose engine never comes up is freed after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node (HIVE_SELF_HEAL=0 turns it off).")
     state_namespace: str = Field("ray-hive", description="Ray internal-KV namespace for durable state.")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
@@ -46,6 +47,7 @@ class HiveSettings(BaseModel):
             memory_budget_fraction=float(_env("HIVE_MEMORY_BUDGET_FRACTION", "0.90")),
             monitor_interval_s=float(_env("HIVE_MONITOR_INTERVAL_S", "1.0")),
             deploy_timeout_s=float(_env("HIVE_DEPLOY_TIMEOUT_S", "900")),
+            pending_reservation_ttl_s=float(_env("HIVE_PENDING_RESERVATION_TTL_S", "960")),
             self_heal=_env("HIVE_SELF_HEAL", "1").lower() not in ("0", "false", "no"),
             state_namespace=_env("HIVE_STATE_NAMESPACE", "ray-hive"),
             model_cache_dir=Path(_env("HIVE_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "ray-hive"))),

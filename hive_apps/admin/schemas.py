@@ -30,6 +30,7 @@ class ModelStatusResponse(BaseModel):
     replicas: dict[str, ReplicaStatus]
     rejected: list[Rejection] = []
     lost_replicas: dict[str, str] = {}
+    drift: dict[str, str] = {}
     created_at: float
     ready_at: float | None = None
     deploy_seconds: float | None = None
@@ -54,6 +55,7 @@ class ModelStatusResponse(BaseModel):
             },
             rejected=rec.plan.rejected,
             lost_replicas=rec.lost_replicas,
+            drift=rec.drift,
             created_at=rec.created_at,
             ready_at=rec.ready_at,
             deploy_seconds=round(rec.ready_at - rec.created_at, 2) if rec.ready_at else None,

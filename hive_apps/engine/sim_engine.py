@@ -7,7 +7,9 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
 
 - ``sim_tokens_per_s``: decode rate of one sequence (default: the plan's estimate / seqs);
 - ``sim_fail_start``: raise in the constructor (a deploy that fails);
-- ``sim_start_delay_s``: seconds the constructor takes.
+- ``sim_start_delay_s``: seconds the constructor takes;
+- ``sim_memory_factor``: the share of its reservation the engine really allocates (default 1.0),
+  which is what its simulated GPU then shows as used.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class SimEngine(EngineBase):
         self.model_id, self.replica = model_id, replica
         kw = replica.engine_kwargs
         if use_start_lock:
-            async with start_lock(model_id, replica):
+            async with start_lock(model_id, replica) as report:
                 await self._start(kw)
+                report.measured_bytes = int(replica.reservation_bytes * float(kw.get("sim_memory_factor", 1.0)))
         else:
             await self._start(kw)
         self.runner = "pooling" if kw.get("runner") == "pooling" else "generate"

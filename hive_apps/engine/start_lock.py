@@ -25,6 +25,12 @@ VISIBLE_SHARE = 0.5  # the engine's NVML usage must reach half its planned footp
 VISIBLE_TIMEOUT_S = 30.0
 
 
+class StartReport:
+    """Filled in while the lock is held: what the new engine really allocated per device."""
+
+    measured_bytes: int | None = None
+
+
 @asynccontextmanager
 async def start_lock(model_id: str, replica: ReplicaPlan):
     registry = serve.get_app_handle("hive-registry")
@@ -38,21 +44,27 @@ async def start_lock(model_id: str, replica: ReplicaPlan):
         log.info("%s waited %.1fs for the start lock of %s", holder, waited, replica.devices)
     gpu = replica.device_kind is DeviceKind.GPU
     before = nvml_used_bytes(replica.device_indices) if gpu else []
+    report = StartReport()
     try:
-        yield
+        yield report
         if gpu:
-            await _wait_until_visible(replica, before)
+            report.measured_bytes = await _wait_until_visible(replica, before)
+        if report.measured_bytes is not None:
+            await registry.report_usage.remote(holder, report.measured_bytes)
     finally:
         await registry.release_start_lock.remote(holder)
 
 
-async def _wait_until_visible(replica: ReplicaPlan, before: list[int]) -> None:
+async def _wait_until_visible(replica: ReplicaPlan, before: list[int]) -> int:
+    """Wait until NVML shows the engine's memory; return what it added on its busiest device."""
     expected = VISIBLE_SHARE * replica.reservation_bytes
     deadline = time.monotonic() + VISIBLE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        now = nvml_used_bytes(replica.device_indices)
-        if all(n - b >= expected for n, b in zip(now, before)):
-            return
+    while True:
+        added = [n - b for n, b in zip(nvml_used_bytes(replica.device_indices), before)]
+        if all(a >= expected for a in added) or time.monotonic() > deadline:
+            break
         await asyncio.sleep(POLL_S)
-    log.warning("memory of %s not visible in NVML after %.0fs; releasing the start lock anyway",
-                replica.devices, VISIBLE_TIMEOUT_S)
+    if not all(a >= expected for a in added):
+        log.warning("memory of %s not visible in NVML after %.0fs; releasing the start lock anyway",
+                    replica.devices, VISIBLE_TIMEOUT_S)
+    return max(added)

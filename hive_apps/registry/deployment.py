@@ -93,8 +93,28 @@ class Registry:
             self.ledger.update_node(node_id, devices)
         self.ledger.drop_nodes_except(alive)
         await self._release_dead_nodes(all_nodes)
+        await self._expire_pending()
+        await self._record_drift()
         self.last_sample_at = time.time()
         self.sampled.set()
+
+    async def _expire_pending(self) -> None:
+        for r in self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s):
+            self.store.delete(f"reservation/{r.key}")
+            log.warning("released %s: its engine never came up", r.key)
+
+    async def _record_drift(self) -> None:
+        """Show in each model's status where an engine uses > 5 % more or less than reserved."""
+        drifted = self.ledger.drifted()
+        for rec in list(self.models.values()):
+            now = {}
+            for r in self.ledger.of_model(rec.model_id):
+                if r.key in drifted:
+                    now[f"r{r.replica}"] = (f"{drifted[r.key]:+.0%}: measured {r.measured_bytes / 2**30:.2f} GiB "
+                                            f"vs reserved {r.bytes_per_device / 2**30:.2f} GiB")
+            if now != rec.drift:
+                rec.drift = now
+                await self.put_model(rec)
 
     async def _release_dead_nodes(self, all_nodes: list[dict]) -> None:
         """Free what replicas on dead nodes held, and say so in their models' status."""
@@ -155,6 +175,11 @@ class Registry:
         for r in gone:
             self.store.delete(f"reservation/{r.key}")
         return len(gone)
+
+    async def report_usage(self, key: str, measured_bytes: int) -> None:
+        r = self.ledger.report_usage(key, measured_bytes)
+        if r is not None:
+            self.store.put(f"reservation/{r.key}", r)
 
     async def acquire_start_lock(self, devices: list[str], holder: str, lease_s: float) -> bool:
         return self.start_locks.try_acquire(devices, holder, lease_s)

@@ -3,9 +3,10 @@
 Pure state, no Ray: the registry deployment wraps one ``Ledger`` and persists its
 reservations. ``available`` is what the planner may still use on a device:
 
+    held      = per reservation, max(reserved, measured by its engine)
     budget    = floor(budget_fraction x total)
-    foreign   = max(0, used - all hive reservations on the device)   # memory no hive engine explains
-    available = max(0, budget - hive reservations - foreign)
+    foreign   = max(0, used - held by the hive)            # memory no hive engine explains
+    available = max(0, budget - held by the hive - foreign)
 
 Reservations count in full from the moment they are made (pending while the engine starts),
 so two deploys racing for one device cannot both fit: ``reserve`` checks and books every
@@ -17,8 +18,10 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hive_apps.planning.types import DeviceCapacity
-from hive_apps.registry.devices import Device
+from hive_apps.registry.devices import Device, DeviceKind
 from hive_apps.registry.records import Reservation, ReservationState
+
+DRIFT_THRESHOLD = 0.05
 
 
 class ReservationError(Exception):
@@ -53,6 +56,8 @@ class Ledger:
         for dev_id in [d for d, dev in self.devices.items() if dev.node_id == node_id]:
             del self.devices[dev_id]
         for dev in devices:
+            if dev.kind is DeviceKind.SIM_GPU:  # a simulated GPU holds what its sim engines allocated
+                dev = dev.model_copy(update={"used_bytes": self.measured_on(dev.id)})
             self.devices[dev.id] = dev
 
     def drop_nodes_except(self, alive_node_ids: set[str]) -> None:
@@ -61,7 +66,10 @@ class Ledger:
 
     # --- accounting ------------------------------------------------------------------
     def reserved_on(self, dev_id: str) -> int:
-        return sum(r.bytes_per_device for r in self.reservations.values() if dev_id in r.devices)
+        return sum(r.held_bytes for r in self.reservations.values() if dev_id in r.devices)
+
+    def measured_on(self, dev_id: str) -> int:
+        return sum(r.measured_bytes or 0 for r in self.reservations.values() if dev_id in r.devices)
 
     def replicas_on(self, dev_id: str) -> list[str]:
         return sorted(r.key for r in self.reservations.values() if dev_id in r.devices)
@@ -125,6 +133,25 @@ class Ledger:
 
     def release(self, model_id: str) -> list[Reservation]:
         gone = [r for r in self.reservations.values() if r.model_id == model_id]
+        for r in gone:
+            del self.reservations[r.key]
+        return gone
+
+    def report_usage(self, key: str, measured_bytes: int) -> Reservation | None:
+        r = self.reservations.get(key)
+        if r is not None:
+            r.measured_bytes = measured_bytes
+        return r
+
+    def drifted(self) -> dict[str, float]:
+        """Active reservations whose engine uses more than 5 % more or less than planned."""
+        return {r.key: r.drift for r in self.reservations.values()
+                if r.state is ReservationState.ACTIVE and r.drift is not None and abs(r.drift) > DRIFT_THRESHOLD}
+
+    def expire_pending(self, now: float, ttl_s: float) -> list[Reservation]:
+        """Pending reservations whose engine never came up (its deploy died with its admin)."""
+        gone = [r for r in self.reservations.values()
+                if r.state is ReservationState.PENDING and now - r.created_at > ttl_s]
         for r in gone:
             del self.reservations[r.key]
         return gone

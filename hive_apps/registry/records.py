@@ -25,6 +25,18 @@ class Reservation(BaseModel):
     bytes_per_device: int
     state: ReservationState = ReservationState.PENDING
     created_at: float = Field(default_factory=time.time)
+    measured_bytes: int | None = None  # what the running engine really uses per device
+
+    @property
+    def held_bytes(self) -> int:
+        """What counts against the device: the reservation, or more if the engine outgrew it."""
+        return max(self.bytes_per_device, self.measured_bytes or 0)
+
+    @property
+    def drift(self) -> float | None:
+        if self.measured_bytes is None or not self.bytes_per_device:
+            return None
+        return (self.measured_bytes - self.bytes_per_device) / self.bytes_per_device
 
     @property
     def key(self) -> str:
@@ -53,5 +65,6 @@ class ModelRecord(BaseModel):
     created_at: float = Field(default_factory=time.time)
     ready_at: float | None = None
     lost_replicas: dict[str, str] = Field(default_factory=dict)  # "r0" -> why it is gone
+    drift: dict[str, str] = Field(default_factory=dict)  # "r0" -> measured vs reserved, when off by > 5 %
     healing_replicas: list[int] = Field(default_factory=list)  # replacements being started
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start

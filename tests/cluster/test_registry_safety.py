@@ -124,3 +124,25 @@ def test_replica_lost_with_its_node_is_replaced_elsewhere(clean):
     out = hive.api.post("/v1/chat/completions", json={"model": "phoenix", "max_tokens": 1,
                                                       "messages": [{"role": "user", "content": "back?"}]})
     assert out.status_code == 200, out.text
+
+
+def test_simulated_gpu_memory_follows_engines_and_drift_shows(clean):
+    hive = clean
+    r = hive.deploy(**small_spec("exact", "node-a:gpu0"))
+    assert r.status_code == 200, r.text
+    reserved = r.json()["replicas"]["r0"]["reservation_bytes"]
+    r = hive.deploy(**small_spec("greedy", "node-a:gpu1", sim_memory_factor=1.2))
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 20
+    while True:
+        gpus = hive.gpus()
+        greedy = hive.admin.get("/models/greedy").json()
+        if gpus["node-a:gpu1"]["used_bytes"] > 0 and greedy["drift"]:
+            break
+        assert time.time() < deadline, (gpus["node-a:gpu1"], greedy)
+        time.sleep(0.5)
+    assert gpus["node-a:gpu0"]["used_bytes"] == reserved and gpus["node-a:gpu0"]["foreign_bytes"] == 0
+    assert gpus["node-a:gpu1"]["used_bytes"] == int(reserved * 1.2)
+    assert gpus["node-a:gpu1"]["reserved_bytes"] == int(reserved * 1.2)  # the overrun counts against the GPU
+    assert "+20%" in greedy["drift"]["r0"]
+    assert hive.admin.get("/models/exact").json()["drift"] == {}

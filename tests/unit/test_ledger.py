@@ -7,8 +7,8 @@ from hive_apps.registry.records import Reservation, ReservationState
 GIB = 2**30
 
 
-def gpu(node: str, i: int, total=80 * GIB, used=0) -> Device:
-    return Device(id=f"{node}:gpu{i}", node_id=f"id-{node}", node_name=node, kind=DeviceKind.SIM_GPU,
+def gpu(node: str, i: int, total=80 * GIB, used=0, kind=DeviceKind.GPU) -> Device:
+    return Device(id=f"{node}:gpu{i}", node_id=f"id-{node}", node_name=node, kind=kind,
                   index=i, name="H100-80GB", total_bytes=total, used_bytes=used)
 
 
@@ -84,3 +84,31 @@ def test_reservations_on_dead_nodes(ledger):
     assert sorted(r.key for r in ledger.on_nodes({"a"})) == ["m/r0", "tp/r0"]
     assert ledger.release_key("m/r0").replica == 0
     assert [r.key for r in ledger.of_model("m")] == ["m/r1"]
+
+
+def test_engine_outgrowing_its_reservation_counts_in_full(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 10)])
+    ledger.activate("m")
+    ledger.report_usage("m/r0", 12 * GIB)
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.reserved_bytes == 12 * GIB
+    assert ledger.drifted() == {"m/r0": pytest.approx(0.2)}
+    ledger.report_usage("m/r0", int(10.2 * GIB))  # within 5 %
+    assert ledger.drifted() == {}
+
+
+def test_simulated_gpu_used_memory_follows_engine_allocations(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 10)])
+    ledger.report_usage("m/r0", 9 * GIB)
+    ledger.update_node("id-a", [gpu("a", 0, kind=DeviceKind.SIM_GPU)])  # the monitor reports 0 used
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.used_bytes == 9 * GIB and s.foreign_bytes == 0
+
+
+def test_pending_reservations_expire(ledger):
+    ledger.reserve([res("old", ["a:gpu0"], 1), res("new", ["a:gpu1"], 1)])
+    ledger.reservations["old/r0"].created_at = 0
+    ledger.activate("new")
+    ledger.reservations["new/r0"].created_at = 0
+    assert [r.key for r in ledger.expire_pending(now=1000, ttl_s=100)] == ["old/r0"]
+    assert list(ledger.reservations) == ["new/r0"]
