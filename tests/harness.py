@@ -32,6 +32,8 @@ def free_port() -> int:
 class Hive:
     url: str
     cluster: object
+    config: dict
+    dashboard_url: str
     admin: httpx.Client = field(init=False)
     api: httpx.Client = field(init=False)
 
@@ -45,6 +47,12 @@ class Hive:
     def gpus(self) -> dict[str, dict]:
         return {d["device"]["id"]: d for d in self.admin.get("/gpus").json()["devices"]}
 
+    def deploy_base_config(self) -> None:
+        """What `serve deploy serve_configs/hive.yaml` does: PUT the config to the dashboard."""
+        from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+        ServeSubmissionClient(self.dashboard_url).deploy_applications(self.config)
+
     def serve_apps(self) -> set[str]:
         from ray import serve
 
@@ -55,7 +63,6 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
     """Start a cluster (head + ``nodes``), deploy the hive config, and wait for /admin/healthz."""
     import ray
     from ray.cluster_utils import Cluster
-    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
     os.environ.update({
         "RAY_AUTH_MODE": "disabled",
@@ -81,17 +88,17 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
 
     config = yaml.safe_load((ROOT / "serve_configs" / "hive.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": http_port}
-    client = ServeSubmissionClient(f"http://127.0.0.1:{dashboard_port}")
+    hive = Hive(url=f"http://127.0.0.1:{http_port}", cluster=cluster, config=config,
+                dashboard_url=f"http://127.0.0.1:{dashboard_port}")
     deadline = time.time() + 60
     while True:  # the dashboard's REST API answers a few seconds after the head is up
         try:
-            client.deploy_applications(config)
+            hive.deploy_base_config()
             break
         except Exception:
             if time.time() > deadline:
                 raise
             time.sleep(1)
-    hive = Hive(url=f"http://127.0.0.1:{http_port}", cluster=cluster)
     deadline = time.time() + 180
     while time.time() < deadline:
         try:

@@ -220,6 +220,7 @@ class Registry:
         for node_id in list(self.monitors):
             ray.kill(self.monitors.pop(node_id))
         await self.sample_once()
+        measured = {k: r.measured_bytes for k, r in self.ledger.reservations.items()}
         for key in list(self.ledger.reservations):
             self.store.delete(f"reservation/{key}")
         self.ledger.reservations.clear()
@@ -228,7 +229,8 @@ class Registry:
                 if f"r{rp.index}" in rec.lost_replicas:
                     continue
                 r = Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices,
-                                bytes_per_device=rp.reservation_bytes)
+                                bytes_per_device=rp.reservation_bytes,
+                                measured_bytes=measured.get(f"{rec.model_id}/r{rp.index}"))
                 self.ledger.reservations[r.key] = r
                 self.store.put(f"reservation/{r.key}", r)
             if rec.status.value == "ready":

@@ -192,3 +192,19 @@ def test_admin_openapi_docs(hive):
 def test_form_body_is_told_to_send_json(hive):
     r = hive.admin.post("/plan", content=b"model_id=x", headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 422 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_redeploying_the_base_config_and_reset_lose_nothing(clean):
+    hive = clean
+    assert hive.deploy(**sim_spec("keeper", gpu="node-b:gpu0")).status_code == 200
+    before = {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()}
+    hive.deploy_base_config()
+    time.sleep(3)
+    assert "keeper" in hive.serve_apps()
+    assert hive.admin.get("/models/keeper").json()["status"] == "ready"
+    assert {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()} == before
+    r = hive.admin.post("/registry/reset")
+    assert r.status_code == 200 and r.json()["reservations"] == 1
+    assert {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()} == before
+    out = hive.api.post("/keeper/v1/completions", json={"model": "keeper", "prompt": "x", "max_tokens": 1})
+    assert out.status_code == 200
