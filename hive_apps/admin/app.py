@@ -23,6 +23,7 @@ from hive_apps.admin.model_app import build_model_app
 from hive_apps.admin.schemas import ModelStatusResponse
 from hive_apps.auth import check_admin_token, warn_if_open
 from hive_apps.planning.report import render_plan_table
+from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
 from hive_apps.registry.records import STARTING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
@@ -339,6 +340,19 @@ class Admin:
     async def gpus(self):
         states: list[DeviceState] = await self.registry.device_states.remote()
         return {"devices": [s.model_dump(mode="json") for s in states]}
+
+    @app.get("/nodes", dependencies=[Depends(require_admin)])
+    async def nodes(self):
+        """Every node's host RAM (CPU engines live there) and the devices on it."""
+        return {"nodes": [s.model_dump(mode="json") for s in await self.registry.node_states.remote()]}
+
+    @app.post("/registry/samples", dependencies=[Depends(require_admin)])
+    async def push_sample(self, sample: NodeSample):
+        """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading."""
+        result = await self.registry.push_sample.remote(sample)
+        if not result.ok:
+            raise AdminError(result.status_code, result.message, "node_name")
+        return {"accepted": sample.node_name, "devices": len(sample.devices)}
 
     @app.post("/registry/reset", dependencies=[Depends(require_admin)])
     async def reset_registry(self):

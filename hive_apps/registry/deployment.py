@@ -17,8 +17,8 @@ from ray import serve
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hive_apps.planning.types import DeviceCapacity
-from hive_apps.registry.devices import Device
-from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
+from hive_apps.registry.devices import NodeSample
+from hive_apps.registry.ledger import DeviceState, Ledger, NodeState, ReservationError
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of, sample_node
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus, Reservation
@@ -36,7 +36,7 @@ class NodeMonitor:
         self.node_id = node_id
         self.labels = labels
 
-    def sample(self) -> list[Device]:
+    def sample(self) -> NodeSample:
         return sample_node(self.node_id, self.labels)
 
 
@@ -56,6 +56,8 @@ class Registry:
         for r in self.store.load_all("reservation/", Reservation):
             self.ledger.reservations[r.key] = r
         self.monitors: dict[str, ray.actor.ActorHandle] = {}
+        self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
+        self.pushed: dict[str, NodeSample] = {}  # node name -> latest sample from a standalone agent
         self.start_locks = StartLocks()
         self.sampled = asyncio.Event()
         self.last_sample_at = 0.0
@@ -85,18 +87,45 @@ class Registry:
                 ).remote(n["NodeID"], n.get("Labels", {}))
         node_ids = list(self.monitors)
         results = await asyncio.gather(*(self.monitors[i].sample.remote() for i in node_ids), return_exceptions=True)
-        for node_id, devices in zip(node_ids, results):
-            if isinstance(devices, Exception):
-                log.warning("monitor on node %s failed: %s", node_id[:8], devices)
+        for node_id, sample in zip(node_ids, results):
+            if isinstance(sample, Exception):
+                log.warning("monitor on node %s failed: %s", node_id[:8], sample)
                 self.monitors.pop(node_id, None)
                 continue
-            self.ledger.update_node(node_id, devices)
+            sample = self._prefer_agent(node_id, sample)
+            self.nodes[node_id] = sample
+            self.ledger.update_node(node_id, sample.devices)
+        for node_id in [n for n in self.nodes if n not in alive]:
+            del self.nodes[node_id]
         self.ledger.drop_nodes_except(alive)
         await self._release_dead_nodes(all_nodes)
         await self._expire_pending()
         await self._record_drift()
         self.last_sample_at = time.time()
         self.sampled.set()
+
+    def _prefer_agent(self, node_id: str, sample: NodeSample) -> NodeSample:
+        """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's."""
+        pushed = self.pushed.get(sample.node_name)
+        ttl = max(5.0, 3 * self.settings.monitor_interval_s)
+        if pushed is None or time.time() - pushed.sampled_at > ttl:
+            return sample
+        devices = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices]
+        return pushed.model_copy(update={"node_id": node_id, "devices": devices})
+
+    async def push_sample(self, sample: NodeSample) -> ReserveResult:
+        """Accept a sample from ``python -m hive_apps.monitor`` for a node Ray knows by that name."""
+        if sample.node_name not in {s.node_name for s in self.nodes.values()}:
+            known = ", ".join(sorted(s.node_name for s in self.nodes.values()))
+            return ReserveResult(ok=False, status_code=404, message=(
+                f"no alive Ray node is named {sample.node_name!r} (known: {known}); start the Ray node with "
+                f"the label ray-hive/node={sample.node_name} or pass that name to the agent's --node-name"))
+        self.pushed[sample.node_name] = sample.model_copy(update={"sampled_at": time.time(), "source": "agent"})
+        return ReserveResult(ok=True)
+
+    async def node_states(self) -> list[NodeState]:
+        await self._ready()
+        return [self.ledger.node_state(s) for s in sorted(self.nodes.values(), key=lambda s: s.node_name)]
 
     async def _expire_pending(self) -> None:
         for r in self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s):

@@ -39,5 +39,18 @@ class Device(BaseModel):
     cpu_count: int | None = None  # CPU devices: cores on the node
 
 
+class NodeSample(BaseModel):
+    """One reading of a node: its host RAM and its devices. Sent by monitors and agents."""
+
+    node_id: str
+    node_name: str
+    host_total_bytes: int
+    host_used_bytes: int
+    cpu_count: int
+    devices: list[Device]
+    sampled_at: float = 0.0
+    source: str = "ray-monitor"  # or "agent"
+
+
 def device_id(node_name: str, kind: DeviceKind, index: int | None) -> str:
     return f"{node_name}:cpu" if kind is DeviceKind.CPU else f"{node_name}:gpu{index}"

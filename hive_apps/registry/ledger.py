@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hive_apps.planning.types import DeviceCapacity
-from hive_apps.registry.devices import Device, DeviceKind
+from hive_apps.registry.devices import Device, DeviceKind, NodeSample
 from hive_apps.registry.records import Reservation, ReservationState
 
 DRIFT_THRESHOLD = 0.05
@@ -42,6 +42,19 @@ class DeviceState(BaseModel):
     foreign_bytes: int
     available_bytes: int
     replicas: list[str]
+
+
+class NodeState(BaseModel):
+    """One row of ``GET /admin/nodes``: a node's host RAM, which CPU engines live in."""
+
+    node_id: str
+    node_name: str
+    source: str
+    cpu_count: int
+    host_total_bytes: int
+    host_used_bytes: int
+    host_reserved_bytes: int  # hive reservations on the node's CPU device
+    devices: list[str]
 
 
 class Ledger:
@@ -91,6 +104,14 @@ class Ledger:
 
     def states(self) -> list[DeviceState]:
         return [self.state_of(d) for d in sorted(self.devices.values(), key=lambda d: d.id)]
+
+    def node_state(self, sample: NodeSample) -> NodeState:
+        cpu = [d.id for d in sample.devices if d.kind is DeviceKind.CPU]
+        return NodeState(
+            node_id=sample.node_id, node_name=sample.node_name, source=sample.source, cpu_count=sample.cpu_count,
+            host_total_bytes=sample.host_total_bytes, host_used_bytes=sample.host_used_bytes,
+            host_reserved_bytes=sum(self.reserved_on(d) for d in cpu), devices=[d.id for d in sample.devices],
+        )
 
     def capacities(self) -> list[DeviceCapacity]:
         return [

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import psutil
 
 from hive_apps.registry.catalog import lookup
-from hive_apps.registry.devices import Device, DeviceKind, device_id
+from hive_apps.registry.devices import Device, DeviceKind, NodeSample, device_id
 
 NODE_NAME_LABEL = "ray-hive/node"
 SIM_GPUS_LABEL = "ray-hive/sim-gpus"
@@ -126,10 +127,17 @@ def cpu_device(node_id: str, node_name: str) -> Device:
     )
 
 
-def sample_node(node_id: str, labels: dict[str, str]) -> list[Device]:
+def sample_devices(node_id: str, name: str, sim_keys: list[str]) -> list[Device]:
     """The devices of this node: real GPUs, else simulated GPUs, else the CPU itself."""
-    name = node_name_of(node_id, labels)
-    gpus = read_nvml_gpus(node_id, name)
-    if not gpus:
-        gpus = simulated_gpus(node_id, name, sim_gpu_keys(labels))
+    gpus = read_nvml_gpus(node_id, name) or simulated_gpus(node_id, name, sim_keys)
     return gpus or [cpu_device(node_id, name)]
+
+
+def sample_node(node_id: str, labels: dict[str, str], source: str = "ray-monitor") -> NodeSample:
+    name = node_name_of(node_id, labels)
+    vm = psutil.virtual_memory()
+    return NodeSample(
+        node_id=node_id, node_name=name, host_total_bytes=vm.total, host_used_bytes=vm.total - vm.available,
+        cpu_count=os.cpu_count() or 1, devices=sample_devices(node_id, name, sim_gpu_keys(labels)),
+        sampled_at=time.time(), source=source,
+    )

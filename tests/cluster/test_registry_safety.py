@@ -146,3 +146,46 @@ def test_simulated_gpu_memory_follows_engines_and_drift_shows(clean):
     assert gpus["node-a:gpu1"]["reserved_bytes"] == int(reserved * 1.2)  # the overrun counts against the GPU
     assert "+20%" in greedy["drift"]["r0"]
     assert hive.admin.get("/models/exact").json()["drift"] == {}
+
+
+def test_standalone_agent_pushes_over_http(clean):
+    import subprocess
+    import sys
+
+    from tests.harness import ADMIN_TOKEN
+
+    hive = clean
+    base = [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token", ADMIN_TOKEN]
+    bad = subprocess.run(base + ["--node-name", "nowhere", "--once"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "no alive Ray node is named 'nowhere'" in bad.stderr
+    agent = subprocess.Popen(base + ["--node-name", "node-b", "--sim-gpus", "H200", "--interval", "0.5"])
+    try:
+        deadline = time.time() + 30
+        while hive.gpus().get("node-b:gpu0", {}).get("device", {}).get("name") != "H200":
+            assert time.time() < deadline, "the agent's reading never reached the registry"
+            time.sleep(0.5)
+        assert "node-b:gpu1" not in hive.gpus()  # the agent's view of node-b replaced the monitor's
+        nodes = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}
+        assert nodes["node-b"]["source"] == "agent" and nodes["node-b"]["host_total_bytes"] > 0
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
+    deadline = time.time() + 30
+    while hive.gpus().get("node-b:gpu0", {}).get("device", {}).get("name") != "L4":
+        assert time.time() < deadline, "the Ray monitor did not take over after the agent stopped"
+        time.sleep(0.5)
+    assert {"node-b:gpu1", "node-b:gpu2"} <= set(hive.gpus())
+
+
+def test_host_ram_is_tracked_per_node(clean):
+    hive = clean
+    nodes = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}
+    assert {"head", "node-a", "node-b"} <= set(nodes)
+    head = nodes["head"]
+    assert head["devices"] == ["head:cpu"] and 0 < head["host_used_bytes"] < head["host_total_bytes"]
+    assert nodes["node-a"]["devices"] == ["node-a:gpu0", "node-a:gpu1"]
+    r = hive.deploy(model_id="ram-user", model=SIM_MODEL, engine="sim", gpu="head:cpu",
+                    max_input_prompt_length=256, max_output_prompt_length=64)
+    assert r.status_code == 200, r.text
+    held = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["head"]["host_reserved_bytes"]
+    assert held == r.json()["replicas"]["r0"]["reservation_bytes"]

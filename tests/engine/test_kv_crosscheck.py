@@ -1,39 +1,395 @@
-"""The planner's KV bytes per token against vLLM 0.32's own KV-spec arithmetic.
+"""The planner's KV figures against vLLM 0.32's own KV-spec code, on every fixture config.
 
-Lives in the engine tier because importing vLLM's config layer takes ~13 s.
+Lives in the engine tier because importing vLLM's config layer takes ~11 s. CPU is enough:
+nothing is allocated and no model is built. For every folder in tests/fixtures/model_configs
+and every TP size the model can be sharded over (1, 2, 8, 16 where the heads divide), vLLM
+computes:
+
+* heads / head size / layer counts / MLA / attention type with ``vllm.config.ModelConfig``
+  (``get_num_kv_heads`` replicates KV heads when TP > KV heads, ``get_head_size``,
+  ``get_num_layers_by_block_type``, ``use_mla``, ``attn_type``) and the KV dtype with
+  ``resolve_kv_cache_dtype_string`` / ``kv_cache_dtype_str_to_dtype`` (ModelOpt checkpoints
+  ask for fp8 there);
+* bytes per token and page sizes with the spec classes of ``vllm/v1/kv_cache_interface.py``:
+  ``FullAttentionSpec``, ``SlidingWindowSpec`` (page size and per-request
+  ``max_memory_usage_bytes`` against a real ``VllmConfig``), ``MLAAttentionSpec``
+  (replicated latent, ``fp8_ds_mla`` packed format);
+* recurrent state bytes per request with the model class's own classmethods
+  ``get_mamba_state_shape_from_config`` / ``get_mamba_state_dtype_from_config`` and
+  ``MambaSpec.page_size_bytes`` (Nemotron-H Mamba-2, Qwen3-Next gated delta net), the pages a
+  request holds with prefix caching (``MambaSpec.max_memory_usage_bytes`` in "align" mode), and
+  the hybrid block size with ``Platform._align_hybrid_block_size`` for the CUDA
+  FlashAttention backend;
+* encoder-only models (BERT, XLM-RoBERTa): ``attn_type == "encoder_only"``, no KV cache.
+
+The project's figure must agree to the byte. ``kv_cache_dtype="fp8"`` is checked on a dense,
+a sliding-window, an MLA and a hybrid model; ``fp8_ds_mla`` on DeepSeek-V3.
+
+What vLLM cannot compute here, and how it is covered instead:
+
+* ``ModelConfig`` of the multimodal fixtures (Qwen2.5-VL-3B/7B, gemma-3-27b-it,
+  llava-1.5-7b-hf, qwen2-audio-transformers-defaults): building it inspects the model
+  class, whose module imports the Hugging Face image/audio processors, which import
+  torchvision — not installed in this CPU venv (research note §0). Their language model's
+  KV is computed with vLLM's ``ModelArchConfigConvertor`` on the same config (what
+  ``ModelConfig`` delegates to), ``ModelConfig.get_num_kv_heads`` (called on that arch
+  config) and the same spec classes.
+* vLLM's multimodal token counts (``Qwen2VLProcessingInfo``, ``Gemma3ProcessingInfo``,
+  ``BaseLlavaProcessingInfo``): the same torchvision import blocks ``qwen2_vl.py``,
+  ``gemma3_mm.py`` and ``llava.py``; the planner's arithmetic is unit-tested against the
+  figures of research note §A5 instead. Qwen2-Audio's ``get_mm_max_tokens_per_item`` *is*
+  called below (its module imports no torchvision).
+* ``ModelConfig`` of community__Llama-3.1-8B-Instruct-bnb-int8: vLLM 0.32 has no
+  ``bitsandbytes`` quantization method any more ("Unknown quantization method: bitsandbytes"),
+  so it refuses the config; its KV goes through the convertor path like the multimodal ones
+  (and the planner refuses bitsandbytes checkpoints for the real vLLM engine).
+* The block pool grouping of hybrid models (``_get_kv_cache_groups_uniform_page_size``)
+  needs the per-layer specs of a built model; only its inputs (pages, blocks per request)
+  are cross-checked.
+
+Run ``python tests/engine/test_kv_crosscheck.py`` to print the table of KV bytes per token,
+project vs vLLM, for every fixture.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from functools import lru_cache
+
 import pytest
 
-from tests.unit.planning_fixtures import fixture_path, profile
+if __name__ == "__main__":  # table mode: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.unit.planning_fixtures import FIXTURES, fixture_path, profile  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
+NAMES = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, d)))
+MULTIMODAL = {"Qwen__Qwen2.5-VL-3B-Instruct", "Qwen__Qwen2.5-VL-7B-Instruct", "google__gemma-3-27b-it",
+              "llava-hf__llava-1.5-7b-hf", "qwen2-audio-transformers-defaults"}
+NO_MODEL_CONFIG = MULTIMODAL | {"community__Llama-3.1-8B-Instruct-bnb-int8"}  # see the module docstring
+TPS = (1, 2, 8, 16)
+BLOCK = 16
+FP8_CASES = [("meta-llama__Llama-3.1-8B", "fp8"), ("google__gemma-2-9b", "fp8"),
+             ("deepseek-ai__DeepSeek-V2-Lite", "fp8"), ("nvidia__Nemotron-H-56B-Base-8K", "fp8"),
+             ("deepseek-ai__DeepSeek-V3", "fp8_ds_mla")]
 
-@pytest.mark.parametrize("name", ["tiny-qwen2", "meta-llama__Llama-3.1-8B", "meta-llama__Llama-3.1-70B",
-                                  "Qwen__Qwen3-0.6B", "deepseek-ai__DeepSeek-V3", "deepseek-ai__DeepSeek-V2-Lite",
-                                  "mistralai__Mixtral-8x7B-v0.1", "Qwen__Qwen3-30B-A3B"])
-@pytest.mark.parametrize("tp", [1, 2, 16])
-def test_kv_bytes_match_vllm_kv_spec(name, tp):
-    """vLLM's own arithmetic: ModelArchConfigConvertor head size / KV heads + FullAttentionSpec/MLAAttentionSpec."""
-    import torch
-    import vllm.config  # noqa: F401  (resolves the convertor's circular import)
+
+# ---- vLLM side -----------------------------------------------------------------------------
+
+
+def _inspect_in_process() -> object:
+    """vLLM inspects each architecture in a fresh subprocess (~13 s each here, to keep CUDA out of
+    the parent) unless ~/.cache/vllm/modelinfos has it. There is no CUDA on this path, so inspect
+    in-process: the same code, seconds instead of minutes on a cold cache. Returns the original."""
+    import vllm.config  # noqa: F401
+    import vllm.model_executor.models.registry as registry
+
+    original = registry._run_in_subprocess
+    registry._run_in_subprocess = lambda fn: fn()
+    return original
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _in_process_inspection():
+    import vllm.model_executor.models.registry as registry
+
+    original = _inspect_in_process()
+    yield
+    registry._run_in_subprocess = original
+
+
+@lru_cache(maxsize=None)
+def _model_config(name: str, kv_cache_dtype: str = "auto"):
+    """vLLM's ModelConfig, or None for the multimodal fixtures (see the module docstring)."""
+    import vllm.config  # noqa: F401  (resolves circular imports in the config layer)
+    from vllm.config import ModelConfig
+
+    if name in NO_MODEL_CONFIG:
+        return None
+    folder = fixture_path(name)
+    return ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True)
+
+
+@lru_cache(maxsize=None)
+def _arch(name: str):
+    """ModelArchConfigConvertor output for a config ModelConfig cannot be built for."""
+    import vllm.config  # noqa: F401
     from transformers import AutoConfig
     from vllm.transformers_utils.model_arch_config_convertor import (
         MODEL_ARCH_CONFIG_CONVERTORS, ModelArchConfigConvertorBase,
     )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
     cfg = AutoConfig.from_pretrained(fixture_path(name), local_files_only=True)
     text = cfg.get_text_config()
     arch = MODEL_ARCH_CONFIG_CONVERTORS.get(cfg.model_type, ModelArchConfigConvertorBase)(cfg, text).convert()
-    block = 16
-    if arch.is_deepseek_mla:
-        spec = MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=arch.head_size, dtype=torch.bfloat16)
-    else:
-        heads = max(1, arch.total_num_kv_heads // tp)  # ModelConfig.get_num_kv_heads
-        spec = FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=arch.head_size, dtype=torch.bfloat16)
-    vllm_bytes = spec.page_size_bytes // block * arch.total_num_hidden_layers
-    assert profile(name).kv_bytes_per_token(tp) == vllm_bytes
+    return cfg, text, arch
+
+
+def _vllm_config(mc, tp: int, kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048):
+    from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    mc.config_updated = False  # the model-specific hooks (e.g. NemotronH's fp32 SSM state) update each CacheConfig
+    return VllmConfig(model_config=mc, parallel_config=ParallelConfig(tensor_parallel_size=tp),
+                      cache_config=CacheConfig(block_size=BLOCK, cache_dtype=kv_cache_dtype),
+                      scheduler_config=SchedulerConfig(max_model_len=mc.max_model_len,
+                                                       max_num_batched_tokens=max_num_batched_tokens,
+                                                       is_encoder_decoder=False))
+
+
+def _sliding_layer(mc_or_text, arch_name: str, i: int) -> bool:
+    """Which layers vLLM's model code builds with a per-layer sliding window.
+
+    gpt_oss.py: every even layer; gemma2.py / gemma3.py / llama.py: ``layer_types[i] ==
+    "sliding_attention"``. Other fixtures have no sliding layers.
+    """
+    text = getattr(mc_or_text, "hf_text_config", mc_or_text)
+    if arch_name.startswith("GptOss"):
+        return i % 2 == 0
+    types = getattr(text, "layer_types", None) or []
+    return i < len(types) and types[i] == "sliding_attention" and bool(getattr(text, "sliding_window", None))
+
+
+class VllmKv:
+    """What vLLM's own code says for one fixture at one TP size."""
+
+    def __init__(self, name: str, tp: int, kv_cache_dtype: str = "auto") -> None:
+        import torch
+        from vllm.config import ModelConfig, ParallelConfig
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype, resolve_kv_cache_dtype_string
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, get_kv_quant_mode,
+        )
+
+        pc = ParallelConfig(tensor_parallel_size=tp)
+        mc = _model_config(name)
+        self.mc = mc
+        self.encoder_only = False
+        self.state_per_request = 0
+        self.specs = []  # one spec per attention layer
+        if mc is not None:
+            if mc.attn_type == "encoder_only":
+                self.encoder_only = True
+                return
+            cache_str = resolve_kv_cache_dtype_string(kv_cache_dtype, mc)
+            dtype = kv_cache_dtype_str_to_dtype(cache_str, mc)
+            heads, head_size, use_mla = mc.get_num_kv_heads(pc), mc.get_head_size(), mc.use_mla
+            arch_name = mc.architecture
+            n_layers = mc.get_num_layers(pc)
+            text = mc.hf_text_config
+            pattern = getattr(text, "hybrid_override_pattern", None)
+            if mc.is_hybrid and pattern:  # nemotron_h.py builds layer i from hybrid_override_pattern[i]
+                attn_idx = [i for i, c in enumerate(pattern) if c == "*"]
+            elif mc.is_hybrid:  # Qwen3-Next: attention layers by layer_types
+                attn_idx = [i for i, t in enumerate(text.layer_types) if t in ("full_attention", "attention")]
+                assert len(attn_idx) == mc.get_num_layers_by_block_type(pc, "attention")
+            else:
+                attn_idx = list(range(n_layers))
+            window = mc.get_sliding_window()
+        else:
+            cfg, text, arch = _arch(name)
+            cache_str = kv_cache_dtype if kv_cache_dtype != "auto" else "auto"
+            model_dtype = getattr(text, "dtype", None) or getattr(cfg, "dtype", None) or torch.bfloat16
+            if model_dtype == torch.float32:
+                model_dtype = torch.bfloat16  # ModelConfig dtype="auto" for a generative fp32 checkpoint
+            dtype = model_dtype if cache_str == "auto" else kv_cache_dtype_str_to_dtype(cache_str, None)
+            use_mla = False
+            fake = type("ArchOnly", (), {"use_mla": False, "model_arch_config": arch})()
+            heads = ModelConfig.get_num_kv_heads(fake, pc)  # vLLM's own replication rule
+            head_size = arch.head_size
+            arch_name = (cfg.architectures or [""])[0]
+            attn_idx = list(range(arch.total_num_hidden_layers))
+            window = getattr(text, "sliding_window", None)
+        quant_mode = get_kv_quant_mode(cache_str)
+        for i in attn_idx:
+            if use_mla:  # MLAAttention.get_kv_cache_spec
+                spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, max_tp_shards=1, head_size=head_size,
+                                        dtype=dtype, cache_dtype_str=cache_str, kv_quant_mode=quant_mode,
+                                        state_content_bytes={"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}.get(cache_str))
+            elif window and _sliding_layer(mc if mc is not None else text, arch_name, i):  # Attention.get_kv_cache_spec
+                spec = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=heads, head_size=head_size,
+                                         head_size_v=head_size, dtype=dtype, kv_quant_mode=quant_mode,
+                                         sliding_window=window)
+            else:
+                spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=head_size,
+                                         head_size_v=head_size, dtype=dtype, kv_quant_mode=quant_mode)
+            self.specs.append(spec)
+        if mc is not None and mc.is_hybrid:
+            self._states(mc, tp, kv_cache_dtype)
+
+    def _states(self, mc, tp: int, kv_cache_dtype: str) -> None:
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        vc = _vllm_config(mc, tp, kv_cache_dtype)
+        cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
+        shapes = cls.get_mamba_state_shape_from_config(vc)
+        dtypes = cls.get_mamba_state_dtype_from_config(vc)
+        from vllm.config import ParallelConfig
+
+        pc = ParallelConfig(tensor_parallel_size=tp)  # noqa: F841 (Qwen3-Next layer count below)
+        pattern = getattr(mc.hf_text_config, "hybrid_override_pattern", None)
+        if pattern:  # Nemotron-H: 'M' layers are Mamba-2 mixers
+            kind, layers = "mamba", pattern.count("M")
+        else:  # Qwen3-Next: gated delta net layers
+            kind, layers = "linear_attention", mc.get_num_layers_by_block_type(pc, "linear_attention")
+        self.state_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
+        self.state_per_request = layers * self.state_page
+        # prefix caching ("align"): MambaMixer2 adds one prefill checkpoint block, GDN does not
+        checkpoints = 1 if kind == "mamba" else 0
+        spec = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=BLOCK, mamba_cache_mode="align",
+                         num_prefill_checkpoint_blocks=checkpoints)
+        vc.cache_config.mamba_cache_mode = "align"
+        self.state_pages_per_request = spec.max_memory_usage_bytes(vc) // spec.page_size_bytes
+        self.block_size = _hybrid_block_size(vc)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(s.page_size_bytes // BLOCK for s in self.specs)
+
+
+def _hybrid_block_size(vc) -> int:
+    """Platform._align_hybrid_block_size for the CUDA FlashAttention backend, starting from block 16."""
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    class _CudaLike(Platform):
+        @classmethod
+        def _find_non_ssm_backends(cls, vllm_config):  # needs built layers; the CUDA default backend
+            return [FlashAttentionBackend]
+
+    vc.cache_config.block_size = BLOCK
+    _CudaLike._align_hybrid_block_size(vc, FlashAttentionBackend)
+    return vc.cache_config.block_size
+
+
+def _tps(name: str) -> list[int]:
+    p = profile(name)
+    return [tp for tp in TPS if p.tp_problem(tp) is None]
+
+
+CASES = [(name, tp) for name in NAMES for tp in _tps(name)]
+
+
+# ---- the tests -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,tp", CASES)
+def test_kv_bytes_per_token_match_vllm(name, tp):
+    v = VllmKv(name, tp)
+    p = profile(name)
+    assert p.kv_bytes_per_token(tp) == v.bytes_per_token
+    if v.encoder_only:
+        assert p.encoder_only and p.kv_bytes_per_token(tp) == 0 and not p.attention_groups
+    # every group's page equals the page of vLLM's spec for those layers
+    pages = sorted({s.page_size_bytes for s in v.specs})
+    ours = sorted({BLOCK * g.bytes_per_token_per_layer(tp, p.kv_elem_bytes) for g in p.attention_groups})
+    assert ours == pages
+
+
+@pytest.mark.parametrize("name,kv_dtype", FP8_CASES)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_quantized_kv_cache_matches_vllm(name, kv_dtype, tp):
+    v = VllmKv(name, tp, kv_dtype)
+    assert profile(name, kv_cache_dtype=kv_dtype).kv_bytes_per_token(tp) == v.bytes_per_token
+
+
+@pytest.mark.parametrize("name", ["google__gemma-2-9b", "google__gemma-3-1b-it", "openai__gpt-oss-20b"])
+@pytest.mark.parametrize("max_model_len,tokens", [(8192, 2048), (2048, 512), (700, 256)])
+def test_sliding_window_requests_match_vllm(name, max_model_len, tokens):
+    """SlidingWindowSpec.max_memory_usage_bytes against the planner's pool for one request."""
+    from vllm.config import ModelConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    folder = fixture_path(name)
+    mc = ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True, max_model_len=max_model_len)
+    vc = _vllm_config(mc, 1, max_num_batched_tokens=tokens)
+    v = VllmKv(name, 1)
+    sliding = [s for s in v.specs if isinstance(s, SlidingWindowSpec)]
+    full = [s for s in v.specs if not isinstance(s, SlidingWindowSpec)]
+    assert sliding and all(isinstance(s, FullAttentionSpec) for s in full)
+    p = profile(name)
+    in_flight = vc.max_in_flight_tokens
+    ours = {g.kind: g for g in p.attention_groups}
+    # per layer: blocks one request holds x page, as vLLM sizes it
+    s_vllm = sliding[0].max_memory_usage_bytes(vc)
+    page = BLOCK * ours["sliding"].bytes_per_token_per_layer(1, p.kv_elem_bytes)
+    blocks = min(-(-min(ours["sliding"].sliding_window - 1 + in_flight, max_model_len) // BLOCK) + 1,
+                 -(-max_model_len // BLOCK) + 1)
+    assert s_vllm == blocks * page
+    if full:
+        assert full[0].max_memory_usage_bytes(vc) == -(-max_model_len // BLOCK) * page
+    # and the planner's whole-request figure is the per-group sum of exactly those blocks
+    per_request, _ = p.kv_pool_need(max_model_len, 1, BLOCK, in_flight)
+    layers_sliding, layers_full = len(sliding), len(full)
+    counts = [c for c in (layers_full, layers_sliding) if c]
+    group = min(counts) if max(counts) >= 1.5 * min(counts) else max(counts)
+    expected = sum(-(-c // group) * group * m for c, m in
+                   ((layers_sliding, s_vllm), (layers_full, full[0].max_memory_usage_bytes(vc) if full else 0)) if c)
+    assert per_request == expected
+
+
+@pytest.mark.parametrize("name", ["nvidia__Nemotron-H-56B-Base-8K", "Qwen__Qwen3-Next-80B-A3B-Thinking"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_recurrent_state_matches_vllm(name, tp):
+    p = profile(name)
+    if p.tp_problem(tp):
+        pytest.skip(p.tp_problem(tp))
+    v = VllmKv(name, tp)
+    assert p.state_bytes_per_sequence(tp) == v.state_per_request
+    assert max(g.bytes_per_layer(tp) for g in p.state_groups) == v.state_page
+    assert p.block_size(on_cpu=False, tp=tp) == v.block_size
+    blocks = {g.kind: (2 + (1 if g.kind == "mamba2" else 0)) for g in p.state_groups}
+    assert set(blocks.values()) == {v.state_pages_per_request}
+
+
+def test_qwen2_audio_tokens_match_vllm():
+    """Qwen2AudioProcessingInfo.get_mm_max_tokens_per_item with the Whisper feature extractor defaults."""
+    from transformers import WhisperFeatureExtractor
+    from vllm.model_executor.models.qwen2_audio import Qwen2AudioProcessingInfo
+
+    class _Info(Qwen2AudioProcessingInfo):
+        def __init__(self):  # no processing context: only the feature extractor is read
+            pass
+
+        def get_feature_extractor(self, **kwargs):
+            return WhisperFeatureExtractor()
+
+    vllm_tokens = _Info().get_mm_max_tokens_per_item(seq_len=8192, mm_counts={"audio": 1})["audio"]
+    assert profile("qwen2-audio-transformers-defaults").mm_items["audio"].tokens == vllm_tokens == 750
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+
+def kv_table() -> str:
+    rows = [("fixture", "how vLLM computed it", "TP=1 project", "TP=1 vLLM", "TP=2 project", "TP=2 vLLM",
+             "state/request TP=1 (project = vLLM)")]
+    for name in NAMES:
+        p = profile(name)
+        cells = []
+        for tp in (1, 2):
+            if p.tp_problem(tp):
+                cells += ["-", "-"]
+                continue
+            v = VllmKv(name, tp)
+            cells += [str(p.kv_bytes_per_token(tp)), str(v.bytes_per_token)]
+        v1 = VllmKv(name, 1)
+        how = ("convertor + specs (multimodal)" if name in MULTIMODAL else
+               "convertor + specs (bnb: no ModelConfig)" if name in NO_MODEL_CONFIG else
+               "encoder_only: no KV" if v1.encoder_only else
+               "ModelConfig + MLAAttentionSpec" if any(type(s).__name__ == "MLAAttentionSpec" for s in v1.specs) else
+               "ModelConfig + Full/SlidingWindowSpec" + (" + MambaSpec" if v1.state_per_request else ""))
+        state = (f"{p.state_bytes_per_sequence(1)} = {v1.state_per_request}" if v1.state_per_request else "-")
+        rows.append((name, how, *cells, state))
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, width)) for r in rows]
+    out.insert(1, "  ".join("-" * w for w in width))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    _inspect_in_process()
+    print(kv_table())

@@ -57,9 +57,17 @@ def _cached_profile(name: str, frozen_kwargs: tuple):
     return load_profile(fixture_path(name), dict(frozen_kwargs))
 
 
+class _Frozen(dict):
+    """A dict value of vllm_kwargs made hashable for the profile cache (still a dict to the planner)."""
+
+    def __hash__(self):
+        return hash(repr(sorted(self.items(), key=repr)))
+
+
 def profile(name: str, **vllm_kwargs):
     """The profile of a fixture model (cached: transformers is slow only the first time)."""
-    return _cached_profile(name, tuple(sorted(vllm_kwargs.items())))
+    frozen = {k: _Frozen(v) if isinstance(v, dict) else v for k, v in vllm_kwargs.items()}
+    return _cached_profile(name, tuple(sorted(frozen.items())))
 
 
 class DoubleKV:
@@ -70,3 +78,21 @@ class DoubleKV:
 
     def kv_bytes_per_token(self, tensor_parallel_size: int) -> int:
         return 2 * self.base // tensor_parallel_size
+
+
+class FixedImageTokens:
+    """A ``hive_attention_cls`` that only overrides the multimodal math: 1000 tokens per image."""
+
+    def __init__(self, profile):
+        self.profile = profile
+
+    def mm_max_tokens_per_item(self, mm_processor_kwargs: dict) -> dict:
+        return {"image": int(mm_processor_kwargs.get("tokens_per_image", 1000))}
+
+
+class KvAndImageHook(DoubleKV, FixedImageTokens):
+    """Both overrides: twice the KV per token and 1000 (or mm_processor_kwargs.tokens_per_image) per image."""
+
+    def __init__(self, profile):
+        DoubleKV.__init__(self, profile)
+        FixedImageTokens.__init__(self, profile)

@@ -79,10 +79,20 @@ def test_simulated_gpu_cannot_run_real_vllm_but_runs_sim():
     assert p.replicas[0].device_kind is DeviceKind.SIM_GPU
 
 
-def test_fp8_pin_on_ampere_is_refused():
+def test_fp8_pin_below_7_5_is_refused_and_ampere_falls_back_to_marlin():
     with pytest.raises(PlanningError) as err:
-        plan("Qwen__Qwen3-8B-FP8", [gpu("A100-80GB", "a", 0)], gpu="a:gpu0")
-    assert "8.9" in err.value.message and err.value.rejected[0].device == "a:gpu0"
+        plan("Qwen__Qwen3-8B-FP8", [gpu("V100-32GB", "a", 0)], gpu="a:gpu0")
+    assert "7.5" in err.value.message and err.value.rejected[0].device == "a:gpu0"
+    p = plan("Qwen__Qwen3-8B-FP8", [gpu("A100-80GB", "a", 0)], gpu="a:gpu0")  # vLLM: FP8 Marlin, W8A16
+    (r,) = p.replicas
+    assert any("Marlin" in n and "8.9" in n for n in r.notes)
+    assert r.memory.weights == profile("Qwen__Qwen3-8B-FP8").weight_bytes_per_rank(1)  # still 1 byte/param
+
+
+def test_fp8_kv_cache_is_tainted_below_8_9():
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, [gpu("A100-80GB", "a", 0)], gpu="a:gpu0", vllm_kwargs={"kv_cache_dtype": "fp8"})
+    assert "fp8 KV cache" in err.value.message and "8.9" in err.value.message
 
 
 # ---- automatic ---------------------------------------------------------------------------
@@ -91,7 +101,17 @@ def test_fp8_pin_on_ampere_is_refused():
 def test_performance_policy_picks_the_fastest_card():
     devices = [gpu("L4", "a", 0), gpu("A100-80GB", "a", 1), gpu("H100-80GB", "b", 0), gpu("L40S", "b", 1)]
     assert replica_devices(plan(SMALL, devices)) == [["b:gpu0"]]
-    assert replica_devices(plan(SMALL, devices, replicas=3)) == [["b:gpu0"], ["b:gpu1"], ["a:gpu1"]]
+    assert replica_devices(plan(SMALL, devices, replicas=4)) == [["b:gpu0"], ["a:gpu1"], ["b:gpu1"], ["a:gpu0"]]
+
+
+@pytest.mark.parametrize("name", [SMALL, QWEN8])
+def test_decode_heavy_ranking_follows_expected_tokens_per_s_not_tflops(name):
+    """L40S has more fp16 TFLOPS than an A100-80GB (362 vs 312) but 864 vs 2039 GB/s: decode is bandwidth-bound."""
+    devices = [gpu("L40S", "a", 0), gpu("A100-80GB", "a", 1), gpu("H100-80GB", "a", 2)]
+    p = plan(name, devices, replicas=3, max_input_prompt_length=256, max_output_prompt_length=4096)
+    assert replica_devices(p) == [["a:gpu2"], ["a:gpu1"], ["a:gpu0"]]  # H100 > A100-80GB > L40S
+    tps = [r.expected_tokens_per_s for r in p.replicas]
+    assert tps[0] > tps[1] > tps[2]
 
 
 def test_conserve_tdp_policy_picks_the_frugal_card():
@@ -120,11 +140,12 @@ def test_replicas_minus_one_takes_every_eligible_device():
     assert "short by" in reasons["a:gpu1"] and "simulated" in reasons["b:gpu0"]
 
 
-def test_fp8_model_skips_cards_without_fp8():
-    devices = [gpu("A100-80GB", "a", 0), gpu("L40S", "a", 1)]
+def test_fp8_model_skips_cards_below_7_5():
+    devices = [gpu("V100-32GB", "a", 0), gpu("L40S", "a", 1)]
     p = plan("Qwen__Qwen3-8B-FP8", devices)
     assert replica_devices(p) == [["a:gpu1"]]
-    assert "8.9" in {r.device: r.reason for r in p.rejected}["a:gpu0"]
+    assert "7.5" in {r.device: r.reason for r in p.rejected}["a:gpu0"]
+    assert not p.replicas[0].notes  # L40S (8.9) runs fp8 natively
 
 
 def test_tensor_parallel_group_when_no_single_gpu_fits():

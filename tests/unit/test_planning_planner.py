@@ -9,7 +9,7 @@ import pytest
 from hive_apps.planning.memory import CUDA_CONTEXT_BYTES, KV_FLOOR_BYTES, MIB, kv_need
 from hive_apps.planning.planner import plan_deployment
 from hive_apps.planning.report import render_plan_table
-from hive_apps.planning.types import PlanningError
+from hive_apps.planning.types import EngineSettings, PlanningError
 from hive_apps.registry.catalog import GIB
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.spec import ModelSpec
@@ -51,18 +51,44 @@ def check_invariants(p, devices, prof) -> None:
         assert not any(k.startswith("hive_") for k in r.engine_kwargs)
 
 
-# ---- golden-ish plans on four GPU types --------------------------------------------------
+# ---- golden plans on five GPU types --------------------------------------------------------
+
+# Exact EngineSettings for 1024 input / 1024 output tokens on one empty card (registry budget 0.90).
+# A change here is a change of the planner's policy or memory model: update deliberately.
+GOLDEN = {
+    (QWEN8, "H100-80GB"): dict(max_num_seqs=179, max_num_batched_tokens=4096, gpu_memory_utilization=0.838,
+                               kv_cache_memory_bytes=54058549248),
+    (QWEN8, "A100-40GB"): dict(max_num_seqs=66, max_num_batched_tokens=1024, gpu_memory_utilization=0.866,
+                               kv_cache_memory_bytes=19933691904),
+    (QWEN8, "L40S"): dict(max_num_seqs=90, max_num_batched_tokens=1024, gpu_memory_utilization=0.863,
+                          kv_cache_memory_bytes=27181449216),
+    (QWEN8, "L4"): dict(max_num_seqs=18, max_num_batched_tokens=256, gpu_memory_utilization=0.871,
+                        kv_cache_memory_bytes=5438177280),
+    ("Qwen__Qwen3-0.6B", "T4"): dict(max_num_seqs=48, max_num_batched_tokens=1024, gpu_memory_utilization=0.766,
+                                     kv_cache_memory_bytes=11276124160),
+}
 
 
-@pytest.mark.parametrize("card", ["H100-80GB", "A100-40GB", "L4"])
-def test_qwen3_8b_on_each_card_obeys_the_invariants(card):
+@pytest.mark.parametrize("name,card", sorted(GOLDEN))
+def test_golden_plan(name, card):
     devices = [gpu(card, "a", 0)]
-    p = plan(QWEN8, devices)
-    check_invariants(p, devices, profile(QWEN8))
+    p = plan(name, devices, max_input_prompt_length=1024, max_output_prompt_length=1024)
+    check_invariants(p, devices, profile(name))
     r = p.replicas[0]
-    assert r.settings.max_model_len == 1024 + 256
-    assert r.settings.enforce_eager is False and r.expected_tokens_per_s > 0
-    assert r.memory.weights == profile(QWEN8).weight_bytes_per_rank(1)
+    expected = EngineSettings(tensor_parallel_size=1, max_model_len=2048, enforce_eager=False, **GOLDEN[name, card])
+    assert r.settings == expected
+    assert r.memory.weights == profile(name).weight_bytes_per_rank(1)
+    # KV = max_num_seqs x 2048 tokens (128 blocks of 16) x KV/token + one null block
+    per_token = profile(name).kv_bytes_per_token(1)
+    assert r.settings.kv_cache_memory_bytes == (r.settings.max_num_seqs * 2048 + 16) * per_token
+    assert r.expected_tokens_per_s > 0
+
+
+def test_golden_qwen3_8b_does_not_fit_a_t4():
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, [gpu("T4")], max_input_prompt_length=1024, max_output_prompt_length=1024)
+    msg = err.value.message
+    assert err.value.status_code == 422 and "needs 16.58 GiB, can give 14.40 GiB: short by 2.18 GiB" in msg
 
 
 def test_bigger_faster_cards_get_more_sequences():
@@ -213,11 +239,41 @@ def test_invalid_override_types_are_422():
     assert "max_num_seqs <= max_num_batched_tokens" in err.value.message
 
 
+def test_chunked_prefill_off_keeps_batched_tokens_at_least_max_model_len():
+    devices = [gpu("H100-80GB")]
+    kw = {"enable_chunked_prefill": False}
+    p = plan(QWEN8, devices, max_input_prompt_length=6000, max_output_prompt_length=2000, vllm_kwargs=kw)
+    check_invariants(p, devices, profile(QWEN8))
+    s = p.replicas[0].settings
+    assert s.max_model_len == 8000 and s.max_num_batched_tokens >= 8000
+    with pytest.raises(PlanningError) as err:
+        plan(QWEN8, devices, max_input_prompt_length=6000, max_output_prompt_length=2000,
+             vllm_kwargs={**kw, "max_num_batched_tokens": 4096})
+    assert err.value.status_code == 422 and "below max_model_len=8000" in err.value.message
+    assert "by 3904 tokens" in err.value.message
+
+
+def test_batched_tokens_never_below_max_num_seqs():
+    p = plan(QWEN8, [gpu("H100-80GB")], max_input_prompt_length=128, max_output_prompt_length=128,
+             vllm_kwargs={"max_num_seqs": 600})
+    s = p.replicas[0].settings
+    assert s.max_num_seqs == 600 and s.max_num_batched_tokens >= 600
+
+
 def test_kv_cache_dtype_fp8_buys_more_sequences_on_ada():
     plain = plan(QWEN8, [gpu("L40S")]).replicas[0]
     fp8 = plan(QWEN8, [gpu("L40S")], vllm_kwargs={"kv_cache_dtype": "fp8"}).replicas[0]
     assert fp8.engine_kwargs["kv_cache_dtype"] == "fp8"
     assert fp8.settings.max_num_seqs > plain.settings.max_num_seqs
+
+
+def test_bitsandbytes_is_refused_for_vllm_0_32_but_planned_for_sim():
+    name = "community__Llama-3.1-8B-Instruct-bnb-int8"
+    with pytest.raises(PlanningError) as err:
+        plan(name, [gpu("L4")])
+    assert err.value.status_code == 422 and "'bitsandbytes'" in err.value.message and "vLLM 0.32" in err.value.message
+    sim = plan(name, [gpu("L4", kind=DeviceKind.SIM_GPU)], engine="sim").replicas[0]
+    assert sim.memory.weights == profile(name).weight_bytes_per_rank(1)
 
 
 def test_sim_engine_plans_with_the_same_math():

@@ -33,6 +33,14 @@ KV_BYTES_PER_TOKEN = {
     "intfloat__e5-mistral-7b-instruct": 32 * 2 * 8 * 128 * 2,  # decoder embedder keeps its KV
     "sentence-transformers__all-MiniLM-L6-v2": 0,  # encoder-only: no KV cache at all
     "BAAI__bge-m3": 0,
+    "Qwen__Qwen3-0.6B-FP8": 28 * 2 * 8 * 128 * 2,  # fp8 weights, bf16 KV
+    "TheBloke__Llama-2-13B-chat-GPTQ": 40 * 2 * 40 * 128 * 2,  # MHA
+    "community__Llama-3.1-8B-Instruct-bnb-int8": 32 * 2 * 8 * 128 * 2,
+    "Qwen__Qwen2.5-VL-3B-Instruct": 36 * 2 * 2 * 128 * 2,  # the language model's KV only
+    "Qwen__Qwen2.5-VL-7B-Instruct": 28 * 2 * 4 * 128 * 2,
+    "google__gemma-3-27b-it": 62 * 2 * 16 * 128 * 2,
+    "llava-hf__llava-1.5-7b-hf": 32 * 2 * 32 * 128 * 2,
+    "qwen2-audio-transformers-defaults": 32 * 2 * 32 * 128 * 2,
 }
 
 
@@ -67,7 +75,7 @@ def test_weights_from_architecture_match_published_sizes():
     assert qwen.params.lm_head == 0
     vl = profile("Qwen__Qwen2.5-VL-3B-Instruct")
     assert vl.weight_bytes == 7_509_245_952  # safetensors total_size, vision tower included
-    assert vl.vision is not None and vl.vision.tokens_per_item == 16384
+    assert vl.mm_items["image"].tokens == 16384 and vl.tower("vision").loaded
     for name, published in [("mistralai__Mixtral-8x7B-v0.1", 46.7e9), ("Qwen__Qwen3-30B-A3B", 30.5e9),
                             ("deepseek-ai__DeepSeek-V3", 671e9), ("Qwen__Qwen3-8B", 8.19e9)]:
         assert abs(profile(name).num_params - published) / published < 0.01, name
@@ -123,6 +131,37 @@ def test_recurrent_state_is_per_request():
     gdn = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 2
     assert qnext.state_bytes_per_sequence(1) == 36 * gdn
     assert qnext.block_size(on_cpu=False) > 16  # attention pages grow to hold a state
+
+
+def test_hybrid_block_size_follows_vllm_alignment_per_tp():
+    """Platform._align_hybrid_block_size: block = align x cdiv(state page, align x attention page per token)."""
+    nemotron = profile("nvidia__Nemotron-H-56B-Base-8K")
+    state = (256 * 64 + 2 * 8 * 256) * 3 * 2 + 256 * 64 * 256 * 4  # 16,900,096 B per layer (vLLM MambaSpec)
+    attn = 2 * 8 * 128 * 2  # one layer, one token
+    assert nemotron.block_size(on_cpu=False) == 16 * -(-state // (16 * attn)) == 4128
+    assert nemotron.block_size(on_cpu=True) == 128 * -(-state // (128 * attn)) == 4224
+    # TP=2 halves both the state and the KV heads; TP=16 replicates KV heads (1 per rank) but still splits the state
+    state16 = (256 * 64 + 2 * 16 * 256) // 16 * 3 * 2 + 256 // 16 * 64 * 256 * 4  # groups padded to 16
+    assert nemotron.block_size(on_cpu=False, tp=16) == 16 * -(-state16 // (16 * 2 * 1 * 128 * 2))
+    qnext = profile("Qwen__Qwen3-Next-80B-A3B-Thinking")
+    assert qnext.block_size(on_cpu=False, tp=4) != qnext.block_size(on_cpu=False, tp=1)  # 2 KV heads replicated
+
+
+def test_prefix_caching_keeps_two_or_three_state_blocks_per_request():
+    """Generative hybrids cache prefixes by default (mamba_cache_mode="align"): MambaSpec.max_memory_usage_bytes
+    is 2 pages per layer, 3 for Mamba-2 mixers (one prefill checkpoint); without prefix caching 1."""
+    qnext = profile("Qwen__Qwen3-Next-80B-A3B-Thinking")
+    block = qnext.block_size(on_cpu=False)
+    on, _ = kv_need(qnext, 4096, 1, block, 2048, prefix_caching=True)
+    off, _ = kv_need(qnext, 4096, 1, block, 2048, prefix_caching=False)
+    page = block * 2 * 2 * 256 * 2  # gdn pages are padded to the attention page
+    assert on - off == 36 * page  # one more page per gdn layer (12 groups of 3 layers)
+    nemotron = profile("nvidia__Nemotron-H-56B-Base-8K")
+    block = nemotron.block_size(on_cpu=False)
+    on, _ = kv_need(nemotron, 4096, 1, block, 2048, prefix_caching=True)
+    off, _ = kv_need(nemotron, 4096, 1, block, 2048, prefix_caching=False)
+    # two more pages per mamba2 layer slot: 54 layers in 6 groups of 10 (the attention count), padded to 60
+    assert on - off == 2 * 60 * block * 2 * 8 * 128 * 2
 
 
 def test_missing_fields_name_themselves():
