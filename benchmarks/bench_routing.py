@@ -162,8 +162,9 @@ async def build_engines(fleet: list[GpuClass]) -> list[SimEngine]:
     engines = []
     for c in fleet:
         e = SimEngine.__new__(SimEngine)
-        await e.__init__(MODEL, "", replica_plan(max_num_seqs=c.max_num_seqs, max_model_len=2048,
-                                                 sim_tokens_per_s=c.tokens_per_s), use_start_lock=False)
+        plan = replica_plan(max_num_seqs=c.max_num_seqs, max_model_len=2048, sim_tokens_per_s=c.tokens_per_s)
+        plan = plan.model_copy(update={"index": len(engines), "expected_tokens_per_s": c.tokens_per_s * c.max_num_seqs})
+        await e.__init__(MODEL, "", plan, use_start_lock=False)
         engines.append(e)
     return engines
 
@@ -173,7 +174,7 @@ class BenchRouter:
 
     def __init__(self, policy: str, engines: list[SimEngine], seed: int):
         self.policy, self.engines = policy, engines
-        self.views = [ReplicaView(index=i, capacity=e.replica.settings.max_num_seqs) for i, e in enumerate(engines)]
+        self.views = [ReplicaView.of_plan(e.replica) for e in engines]  # as routing/router.py builds them
         self.rng = random.Random(seed)
         self.next = 0
 

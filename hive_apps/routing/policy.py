@@ -3,7 +3,8 @@
 load     = requests this router has in flight to the replica
            + the engine's own running and waiting requests not already counted
 capacity = the replica's planned max_num_seqs
-score    = load / capacity; ties go to the lower absolute load, then to the lower index.
+score    = load / capacity; ties go to the lower absolute load, then to the faster replica
+           (planned tokens/s per sequence), then to the larger one, then to the lower index.
 
 A replica with max_num_seqs 256 on an H100 therefore takes about eight times the
 requests of one with 32 on an L4 before they look equally busy.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from hive_apps.planning.types import ReplicaPlan
+
 
 class ReplicaView(BaseModel):
     index: int
@@ -21,6 +24,12 @@ class ReplicaView(BaseModel):
     engine_running: int = 0
     engine_waiting: int = 0
     healthy: bool = True
+    seq_tokens_per_s: float = 0.0  # the plan's throughput estimate / max_num_seqs
+
+    @classmethod
+    def of_plan(cls, rp: ReplicaPlan) -> "ReplicaView":
+        seqs = max(1, rp.settings.max_num_seqs)
+        return cls(index=rp.index, capacity=seqs, seq_tokens_per_s=(rp.expected_tokens_per_s or 0.0) / seqs)
 
     @property
     def load(self) -> int:
@@ -40,4 +49,4 @@ def choose_replica(replicas: list[ReplicaView], exclude: set[int] = frozenset())
     candidates = [r for r in replicas if r.healthy and r.index not in exclude]
     if not candidates:
         return None
-    return min(candidates, key=lambda r: (r.load / max(1, r.capacity), r.load, r.index))
+    return min(candidates, key=lambda r: (r.load / max(1, r.capacity), r.load, -r.seq_tokens_per_s, -r.capacity, r.index))

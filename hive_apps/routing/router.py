@@ -39,7 +39,7 @@ class Router:
         self.settings = get_settings()
         self.handles = {rp.index: h for rp, h in zip(replicas, engines)}
         self.streams = {i: h.options(stream=True) for i, h in self.handles.items()}
-        self.views = {rp.index: ReplicaView(index=rp.index, capacity=rp.settings.max_num_seqs) for rp in replicas}
+        self.views = {rp.index: ReplicaView.of_plan(rp) for rp in replicas}
         self._poller = asyncio.get_event_loop().create_task(self._poll_load())
 
     async def _poll_load(self) -> None:

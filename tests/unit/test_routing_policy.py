@@ -37,3 +37,10 @@ def test_queue_full_only_when_every_replica_is_full_and_bound_reached():
     assert not queue_full(one_free, bound=0)
     dead = [ReplicaView(index=0, capacity=1, in_flight=0, healthy=False)]
     assert not queue_full(dead, bound=0)  # no healthy replica is a 503, not a 429
+
+
+def test_idle_fleet_sends_the_first_request_to_the_fastest_replica():
+    slow_big = ReplicaView(index=0, capacity=17, seq_tokens_per_s=32)
+    fast = ReplicaView(index=1, capacity=32, seq_tokens_per_s=120)
+    same_speed_small = ReplicaView(index=2, capacity=7, seq_tokens_per_s=120)
+    assert choose_replica([slow_big, same_speed_small, fast]).index == 1

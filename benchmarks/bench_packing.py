@@ -1,0 +1,334 @@
+"""Packing: how many models a small heterogeneous cluster holds, and at what planned concurrency.
+
+Run:  python benchmarks/bench_packing.py [--write-results benchmarks/RESULTS_packing.md]
+
+Pure Python, no Ray, no vLLM engine: the planner (``plan_deployment``) and the memory model
+(``hive_apps.planning.memory``) on simulated devices, real model configs from
+``tests/fixtures/model_configs``.
+
+Cluster (issue 4): node A 2 x H100-80GB; node B 2 x L4 + 1 x A10; node C CPU only, 64 GiB
+RAM, 16 cores. The registry's budget rule: available = 0.90 x total - reserved - foreign
+(nothing foreign here). Models are deployed one after another in ``CATALOG`` order (greedy,
+``replicas=1``, auto placement, engine "sim"), each with typical input/output lengths; a
+model that cannot be placed is skipped and the next one is tried. Every strategy uses the
+same ``max_model_len`` = input + output (pooling: input) per model: a vLLM user who leaves
+``max_model_len`` at the model's full context (40k-128k tokens) would get far less.
+
+Strategies:
+
+hive
+    ``plan_deployment`` on the current capacities; after each plan its ``reservation_bytes``
+    is taken from the devices' available and free bytes and the replica is added to
+    ``hive_replicas`` (so the unshared-first and co-location rules see it). Concurrency is
+    the planned ``max_num_seqs``. The planner picks the smallest footprint whose roofline
+    throughput is within 2 % of the best it could plan there, so it leaves room on purpose.
+one-per-GPU
+    Ray Serve LLM's usual shape: each model takes a whole free GPU (best fit: the smallest
+    card that holds it, so as many models as possible get one) and runs with vLLM's
+    defaults for ``vllm serve``: ``gpu_memory_utilization=0.9``, max_num_seqs /
+    max_num_batched_tokens 1024 / 8192 on H100-class cards (>= 70 GiB, not A100), 256 /
+    2048 on the others. Its KV cache is what vLLM would give: 0.9 x total - weights -
+    activation peak - CUDA graphs - runtime buffers (the same estimates the planner uses,
+    at those defaults), and its concurrency is that KV divided by one full-length
+    request's KV, capped at the default max_num_seqs. No CPU, no tensor parallelism.
+fixed-0.45x2
+    "Fixed 0.9 utilisation" taken literally lets no second engine start on a GPU (vLLM's
+    start check wants util x total free), which is one-per-GPU again. The fair fixed
+    baseline that does co-locate keeps the hive's 0.9 budget per GPU but splits it into
+    fixed slots, as an operator would by hand: every engine gets
+    ``gpu_memory_utilization=0.45`` (two per GPU, sum 0.9), or 0.9 of an empty GPU when it
+    does not fit in 0.45. Placement: a half-used GPU whose free slot holds the model, else
+    a slot of an empty GPU, else a whole empty GPU (each time the smallest card first).
+    Concurrency as for one-per-GPU, from the slot's KV.
+
+Columns: models placed (of N; CPU placements in brackets), planned concurrency (sum of
+max_num_seqs, or the baselines' KV-limited concurrency), the sum of the planner's roofline
+tokens/s estimate for each engine at its batch size (the same estimate for every strategy;
+it ranks, it is not a measurement), GiB reserved on GPUs (baselines: util x total + the CUDA
+context per engine), and GPUs used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hive_apps.planning import memory as mem  # noqa: E402
+from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
+from hive_apps.planning.profile import ModelProfile, load_profile  # noqa: E402
+from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
+from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.spec import ModelSpec  # noqa: E402
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
+BUDGET = 0.90
+COMMAND = "python benchmarks/bench_packing.py --write-results benchmarks/RESULTS_packing.md"
+
+# (model_id, fixture folder, input tokens, output tokens): deployment order
+CATALOG = [
+    ("qwen3-8b", "Qwen__Qwen3-8B", 4096, 1024),
+    ("llama-3-1-8b", "meta-llama__Llama-3.1-8B", 4096, 1024),
+    ("qwen3-30b-a3b", "Qwen__Qwen3-30B-A3B", 2048, 512),
+    ("gemma-2-9b", "google__gemma-2-9b", 2048, 512),
+    ("qwen3-0-6b", "Qwen__Qwen3-0.6B", 1024, 512),
+    ("llama-3-2-1b", "meta-llama__Llama-3.2-1B-Instruct", 2048, 512),
+    ("gemma-3-1b", "google__gemma-3-1b-it", 1024, 512),
+    ("qwen3-8b-fp8", "Qwen__Qwen3-8B-FP8", 4096, 1024),
+    ("e5-mistral-7b", "intfloat__e5-mistral-7b-instruct", 512, 0),
+    ("bge-m3", "BAAI__bge-m3", 1024, 0),
+    ("minilm-l6", "sentence-transformers__all-MiniLM-L6-v2", 256, 0),
+]
+
+
+# ---- the cluster ---------------------------------------------------------------------------
+
+
+def sim_gpu(key: str, node: str, index: int) -> DeviceCapacity:
+    g = GPU_CATALOG[key]
+    device = Device(id=f"{node}:gpu{index}", node_id=f"id-{node}", node_name=node, kind=DeviceKind.SIM_GPU,
+                    index=index, name=g.name, total_bytes=g.memory_bytes, used_bytes=0,
+                    compute_capability=g.compute_capability, sm_count=g.sm_count,
+                    memory_bandwidth_gbps=g.memory_bandwidth_gbps, tdp_w=g.tdp_w, fp16_tflops=g.fp16_tflops)
+    return DeviceCapacity(device=device, available_bytes=int(BUDGET * g.memory_bytes), free_bytes=g.memory_bytes)
+
+
+def cpu_node(node: str, total_gib: float, cores: int) -> DeviceCapacity:
+    total = int(total_gib * GIB)
+    device = Device(id=f"{node}:cpu", node_id=f"id-{node}", node_name=node, kind=DeviceKind.CPU,
+                    name="CPU", total_bytes=total, used_bytes=0, cpu_count=cores)
+    return DeviceCapacity(device=device, available_bytes=int(BUDGET * total), free_bytes=total)
+
+
+def cluster() -> list[DeviceCapacity]:
+    return [sim_gpu("H100-80GB", "A", 0), sim_gpu("H100-80GB", "A", 1),
+            sim_gpu("L4", "B", 0), sim_gpu("L4", "B", 1), sim_gpu("A10", "B", 2),
+            cpu_node("C", 64, 16)]
+
+
+def short(dc: DeviceCapacity) -> str:
+    d = dc.device
+    return f"{d.id} ({'CPU' if d.kind is DeviceKind.CPU else d.name.replace('NVIDIA ', '').split(' ')[0]})"
+
+
+# ---- results -------------------------------------------------------------------------------
+
+
+@dataclass
+class Engine:
+    model_id: str
+    devices: list[str]
+    where: str
+    seqs: int
+    tokens_per_s: float
+    reserved: int  # bytes per device
+    util: float
+    on_cpu: bool = False
+
+
+@dataclass
+class Outcome:
+    name: str
+    engines: list[Engine] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def gpus_used(self) -> int:
+        return len({d for e in self.engines if not e.on_cpu for d in e.devices})
+
+    @property
+    def gpu_reserved_gib(self) -> float:
+        return sum(e.reserved * len(e.devices) for e in self.engines if not e.on_cpu) / GIB
+
+
+# ---- strategy (a): the hive ----------------------------------------------------------------
+
+
+def run_hive(profiles: dict[str, ModelProfile]) -> Outcome:
+    out = Outcome("Ray Hive planner")
+    devices = cluster()
+    for model_id, folder, inp, outp in CATALOG:
+        spec = ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
+                         max_input_prompt_length=inp, max_output_prompt_length=outp)
+        try:
+            plan = plan_deployment(spec, devices, profiles[folder])
+        except PlanningError as exc:
+            out.skipped.append((model_id, exc.message.split(":")[0][:90]))
+            continue
+        by_id = {dc.device.id: dc for dc in devices}
+        for r in plan.replicas:
+            for dev in r.devices:
+                dc = by_id[dev]
+                dc.available_bytes = max(0, dc.available_bytes - r.reservation_bytes)
+                dc.free_bytes = max(0, dc.free_bytes - r.reservation_bytes)
+                dc.hive_replicas.append(f"{model_id}/r{r.index}")
+            on_cpu = r.device_kind is DeviceKind.CPU
+            out.engines.append(Engine(
+                model_id, r.devices, " + ".join(short(by_id[d]) for d in r.devices)
+                + (f" tp={r.settings.tensor_parallel_size}" if r.settings.tensor_parallel_size > 1 else ""),
+                r.settings.max_num_seqs, r.expected_tokens_per_s or 0.0, r.reservation_bytes,
+                r.settings.gpu_memory_utilization, on_cpu))
+    return out
+
+
+# ---- baselines: vLLM defaults at a fixed utilisation ----------------------------------------
+
+
+def vllm_defaults(dc: DeviceCapacity) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of ``vllm serve`` (OPENAI_API_SERVER) on this card."""
+    d = dc.device
+    big = d.total_bytes >= 70 * GIB and "A100" not in d.name
+    return (8192, 1024) if big else (2048, 256)
+
+
+def default_engine(profile: ModelProfile, dc: DeviceCapacity, util: float, inp: int, outp: int) -> tuple[int, float]:
+    """(KV-limited concurrency, roofline tokens/s) of a default vLLM engine at ``util``; concurrency 0: does not start."""
+    pooling = profile.runner == "pooling"
+    max_model_len = inp + (0 if pooling else outp)
+    tokens, seqs_cap = vllm_defaults(dc)
+    if pooling:  # no chunked prefill: a step must hold a whole prompt
+        tokens = max(tokens, max_model_len)
+    seqs_cap = min(seqs_cap, tokens)
+    frame = mem.Frame(profile, tp=1, on_cpu=False, max_model_len=max_model_len, max_num_batched_tokens=tokens,
+                      enforce_eager=False, block_size=profile.block_size(False, None, 1),
+                      prefix_caching=not pooling)
+    non_kv = frame.total(seqs_cap, kv_bytes=0) - frame.context  # weights, activations, graphs, buffers
+    kv = int(util * dc.device.total_bytes) - non_kv
+    if kv <= 0:
+        return 0, 0.0
+    seqs = min(seqs_cap, mem.seqs_for_kv(kv, frame.per_seq, frame.block))
+    if seqs < 1:
+        return 0, 0.0
+    perf = _perf([dc], False, 1, False, profile)
+    return seqs, Throughput(profile, perf, 1, inp, 0 if pooling else outp).tokens_per_s(tokens, seqs)
+
+
+def run_fixed(profiles: dict[str, ModelProfile], *, slots: bool) -> Outcome:
+    """one-per-GPU (``slots=False``) or fixed 2 x 0.45 slots per GPU (``slots=True``)."""
+    out = Outcome("fixed 0.45 x 2 per GPU" if slots else "one model per GPU (vLLM 0.9)")
+    gpus = [dc for dc in cluster() if dc.device.kind is not DeviceKind.CPU]
+    used: dict[str, list[float]] = {dc.device.id: [] for dc in gpus}  # utilisations of the engines there
+    by_size = sorted(gpus, key=lambda dc: dc.device.total_bytes)  # best fit: smallest card first
+    for model_id, folder, inp, outp in CATALOG:
+        profile = profiles[folder]
+        choices: list[tuple[DeviceCapacity, float]] = []
+        if slots:
+            choices += [(dc, 0.45) for dc in by_size if used[dc.device.id] == [0.45]]
+            choices += [(dc, 0.45) for dc in by_size if not used[dc.device.id]]
+        choices += [(dc, 0.9) for dc in by_size if not used[dc.device.id]]
+        for dc, util in choices:
+            seqs, tps = default_engine(profile, dc, util, inp, outp)
+            if seqs >= 1:
+                used[dc.device.id].append(util)
+                out.engines.append(Engine(model_id, [dc.device.id], short(dc) + (f" @{util}" if slots else ""),
+                                          seqs, tps, int(util * dc.device.total_bytes) + mem.CUDA_CONTEXT_BYTES,
+                                          util))
+                break
+        else:
+            out.skipped.append((model_id, "no free GPU (slot) holds it at the fixed utilisation"))
+    return out
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def table(outcomes: list[Outcome], n: int) -> list[str]:
+    rows = [("strategy", "models placed", "planned concurrency", "roofline tok/s (sum)", "GPU GiB reserved",
+             "GPUs used")]
+    for o in outcomes:
+        on_cpu = sum(e.on_cpu for e in o.engines)
+        placed = f"{len(o.engines)} of {n}" + (f" ({on_cpu} on CPU)" if on_cpu else "")
+        rows.append((o.name, placed, str(sum(e.seqs for e in o.engines)),
+                     f"{sum(e.tokens_per_s for e in o.engines):,.0f}", f"{o.gpu_reserved_gib:.1f}",
+                     f"{o.gpus_used} of 5"))
+    return md(rows)
+
+
+def md(rows: list[tuple]) -> list[str]:
+    width = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, width)) + " |"  # noqa: E731
+    return [line(rows[0]), "|" + "|".join("-" * (w + 2) for w in width) + "|"] + [line(r) for r in rows[1:]]
+
+
+def listing(o: Outcome) -> list[str]:
+    lengths = {m: (i, g) for m, _, i, g in CATALOG}
+    rows = [("model", "in/out", "device(s)", "max_num_seqs", "util", "reserved GiB", "roofline tok/s")]
+    for e in o.engines:
+        i, g = lengths[e.model_id]
+        rows.append((e.model_id, f"{i}/{g}", e.where, str(e.seqs), f"{e.util:.3f}", f"{e.reserved / GIB:.2f}",
+                     f"{e.tokens_per_s:,.0f}"))
+    for m, why in o.skipped:
+        rows.append((m, "/".join(map(str, lengths[m])), f"not placed: {why}", "-", "-", "-", "-"))
+    return md(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--write-results", metavar="PATH", help="also write the tables and command as markdown")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    profiles = {folder: load_profile(os.path.join(FIXTURES, folder), {}) for _, folder, _, _ in CATALOG}
+    t_load = time.perf_counter() - t0
+    outcomes = [run_hive(profiles), run_fixed(profiles, slots=False), run_fixed(profiles, slots=True)]
+    n = len(CATALOG)
+    summary = table(outcomes, n)
+    hive_rows = listing(outcomes[0])
+    base_rows = listing(outcomes[1])
+    slot_rows = listing(outcomes[2])
+    elapsed = time.perf_counter() - t0
+
+    print("cluster: A 2 x H100-80GB | B 2 x L4 + 1 x A10 | C CPU 64 GiB, 16 cores; budget 0.90 x total")
+    print(f"catalog: {n} models deployed in order, replicas=1, auto placement, engine sim\n")
+    print("\n".join(summary))
+    print("\nRay Hive placements:")
+    print("\n".join(hive_rows))
+    print("\none model per GPU placements:")
+    print("\n".join(base_rows))
+    print("\nfixed 0.45 x 2 per GPU placements:")
+    print("\n".join(slot_rows))
+    print(f"\n{elapsed:.1f} s ({t_load:.1f} s loading profiles)")
+    print(f"command: {COMMAND}")
+
+    if args.write_results:
+        hive, one, fixed = outcomes
+        text = "\n".join([
+            "# Packing benchmark: Ray Hive planner vs one model per GPU vs fixed utilisation",
+            "",
+            "Simulated cluster: node A 2 x H100-80GB; node B 2 x L4 + 1 x A10; node C CPU only (64 GiB, 16 cores).",
+            f"{n} real model configs from `tests/fixtures/model_configs`, deployed one after another (replicas=1, "
+            "auto placement, engine sim) with the input/output lengths listed below; every strategy uses the same "
+            "max_model_len (input + output). Baselines run vLLM's `vllm serve` defaults (max_num_seqs 1024 on H100, "
+            "256 elsewhere) at a fixed gpu_memory_utilization, their concurrency being the KV cache that leaves "
+            "divided by one full-length request, capped at max_num_seqs (definitions: docstring of "
+            "`benchmarks/bench_packing.py`).",
+            "",
+            *summary,
+            "",
+            f"Ray Hive placements:",
+            "",
+            *hive_rows,
+            "",
+            "One model per GPU placements:",
+            "",
+            *base_rows,
+            "",
+            "Fixed 0.45 x 2 per GPU placements:",
+            "",
+            *slot_rows,
+            "",
+            f"`{COMMAND}` ({elapsed:.0f} s on a shared 2-core machine, {t_load:.0f} s of it loading profiles).",
+            "",
+        ])
+        Path(args.write_results).write_text(text)
+        print(f"wrote {args.write_results}")
+
+
+if __name__ == "__main__":
+    main()
