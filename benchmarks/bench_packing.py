@@ -14,14 +14,19 @@ model that cannot be placed is skipped and the next one is tried. Every strategy
 same ``max_model_len`` = input + output (pooling: input) per model: a vLLM user who leaves
 ``max_model_len`` at the model's full context (40k-128k tokens) would get far less.
 
-Strategies:
+Strategies (each also run with the catalog sorted by weight size, largest first):
 
 hive
     ``plan_deployment`` on the current capacities; after each plan its ``reservation_bytes``
     is taken from the devices' available and free bytes and the replica is added to
     ``hive_replicas`` (so the unshared-first and co-location rules see it). Concurrency is
     the planned ``max_num_seqs``. The planner picks the smallest footprint whose roofline
-    throughput is within 2 % of the best it could plan there, so it leaves room on purpose.
+    throughput is within 2 % of the best it could plan there, so it leaves room only where
+    more sequences stop paying off.
+hive best-fit
+    The same with a user placement policy, ``vllm_kwargs["hive_placement_policy"] =
+    "<this module>.BestFit"``: the smallest card first (the hive's fit and unshared-first
+    rules still apply), as the one-per-GPU baseline chooses.
 one-per-GPU
     Ray Serve LLM's usual shape: each model takes a whole free GPU (best fit: the smallest
     card that holds it, so as many models as possible get one) and runs with vLLM's
@@ -61,6 +66,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hive_apps.planning import memory as mem  # noqa: E402
+from hive_apps.planning.placement import capacity  # noqa: E402
 from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
 from hive_apps.planning.profile import ModelProfile, load_profile  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
@@ -130,12 +136,14 @@ class Engine:
     tokens_per_s: float
     reserved: int  # bytes per device
     util: float
+    pooling: bool
     on_cpu: bool = False
 
 
 @dataclass
 class Outcome:
     name: str
+    order: str
     engines: list[Engine] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
@@ -151,16 +159,33 @@ class Outcome:
 # ---- strategy (a): the hive ----------------------------------------------------------------
 
 
-def run_hive(profiles: dict[str, ModelProfile]) -> Outcome:
-    out = Outcome("Ray Hive planner")
+class BestFit:
+    """A user placement policy (``hive_placement_policy``): the smallest card first, the faster of equals.
+
+    The hive still skips cards the model does not fit and still prefers unshared cards, so
+    this is best fit among the unshared cards that hold the model.
+    """
+
+    def rank(self, candidates: list[DeviceCapacity], profile: ModelProfile) -> list[DeviceCapacity]:
+        return sorted(candidates, key=lambda dc: (dc.device.total_bytes, -(dc.device.memory_bandwidth_gbps or 0)))
+
+
+def run_hive(profiles: dict[str, ModelProfile], catalog: list[tuple], order: str, *,
+             policy: str | None = None) -> Outcome:
+    out = Outcome("Ray Hive, best-fit user policy" if policy else "Ray Hive (performance)", order)
     devices = cluster()
-    for model_id, folder, inp, outp in CATALOG:
+    kwargs = {"hive_placement_policy": policy} if policy else {}
+    for model_id, folder, inp, outp in catalog:
+        profile = profiles[folder]
         spec = ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
-                         max_input_prompt_length=inp, max_output_prompt_length=outp)
+                         max_input_prompt_length=inp, max_output_prompt_length=outp, vllm_kwargs=kwargs)
         try:
-            plan = plan_deployment(spec, devices, profiles[folder])
-        except PlanningError as exc:
-            out.skipped.append((model_id, exc.message.split(":")[0][:90]))
+            plan = plan_deployment(spec, devices, profile)
+        except PlanningError:
+            gpu_room = max(capacity(dc) for dc in devices if dc.device.kind is not DeviceKind.CPU)
+            cpu_room = max(capacity(dc) for dc in devices if dc.device.kind is DeviceKind.CPU)
+            out.skipped.append((model_id, f"weights {profile.weight_bytes / GIB:.1f} GiB; most room left: "
+                                          f"{gpu_room / GIB:.1f} GiB on a GPU, {cpu_room / GIB:.1f} GiB on CPU"))
             continue
         by_id = {dc.device.id: dc for dc in devices}
         for r in plan.replicas:
@@ -169,12 +194,11 @@ def run_hive(profiles: dict[str, ModelProfile]) -> Outcome:
                 dc.available_bytes = max(0, dc.available_bytes - r.reservation_bytes)
                 dc.free_bytes = max(0, dc.free_bytes - r.reservation_bytes)
                 dc.hive_replicas.append(f"{model_id}/r{r.index}")
-            on_cpu = r.device_kind is DeviceKind.CPU
+            tp = r.settings.tensor_parallel_size
             out.engines.append(Engine(
-                model_id, r.devices, " + ".join(short(by_id[d]) for d in r.devices)
-                + (f" tp={r.settings.tensor_parallel_size}" if r.settings.tensor_parallel_size > 1 else ""),
+                model_id, r.devices, " + ".join(short(by_id[d]) for d in r.devices) + (f" tp={tp}" if tp > 1 else ""),
                 r.settings.max_num_seqs, r.expected_tokens_per_s or 0.0, r.reservation_bytes,
-                r.settings.gpu_memory_utilization, on_cpu))
+                r.settings.gpu_memory_utilization, profile.runner == "pooling", r.device_kind is DeviceKind.CPU))
     return out
 
 
@@ -210,13 +234,13 @@ def default_engine(profile: ModelProfile, dc: DeviceCapacity, util: float, inp: 
     return seqs, Throughput(profile, perf, 1, inp, 0 if pooling else outp).tokens_per_s(tokens, seqs)
 
 
-def run_fixed(profiles: dict[str, ModelProfile], *, slots: bool) -> Outcome:
+def run_fixed(profiles: dict[str, ModelProfile], catalog: list[tuple], order: str, *, slots: bool) -> Outcome:
     """one-per-GPU (``slots=False``) or fixed 2 x 0.45 slots per GPU (``slots=True``)."""
-    out = Outcome("fixed 0.45 x 2 per GPU" if slots else "one model per GPU (vLLM 0.9)")
+    out = Outcome("fixed 0.45 x 2 per GPU" if slots else "one model per GPU (vLLM 0.9)", order)
     gpus = [dc for dc in cluster() if dc.device.kind is not DeviceKind.CPU]
     used: dict[str, list[float]] = {dc.device.id: [] for dc in gpus}  # utilisations of the engines there
     by_size = sorted(gpus, key=lambda dc: dc.device.total_bytes)  # best fit: smallest card first
-    for model_id, folder, inp, outp in CATALOG:
+    for model_id, folder, inp, outp in catalog:
         profile = profiles[folder]
         choices: list[tuple[DeviceCapacity, float]] = []
         if slots:
@@ -229,25 +253,27 @@ def run_fixed(profiles: dict[str, ModelProfile], *, slots: bool) -> Outcome:
                 used[dc.device.id].append(util)
                 out.engines.append(Engine(model_id, [dc.device.id], short(dc) + (f" @{util}" if slots else ""),
                                           seqs, tps, int(util * dc.device.total_bytes) + mem.CUDA_CONTEXT_BYTES,
-                                          util))
+                                          util, profile.runner == "pooling"))
                 break
         else:
-            out.skipped.append((model_id, "no free GPU (slot) holds it at the fixed utilisation"))
+            why = "no free slot holds it at 0.45 and no GPU is free" if slots else "no free GPU holds it at 0.9"
+            out.skipped.append((model_id, why))
     return out
 
 
 # ---- report --------------------------------------------------------------------------------
 
 
-def table(outcomes: list[Outcome], n: int) -> list[str]:
-    rows = [("strategy", "models placed", "planned concurrency", "roofline tok/s (sum)", "GPU GiB reserved",
-             "GPUs used")]
+def summary_table(outcomes: list[Outcome], n: int) -> list[str]:
+    rows = [("order", "strategy", "placed on GPU", "on CPU", "not placed", "generate concurrency",
+             "generate tok/s (roofline)", "pooling concurrency", "GPU GiB reserved", "GPUs used")]
     for o in outcomes:
-        on_cpu = sum(e.on_cpu for e in o.engines)
-        placed = f"{len(o.engines)} of {n}" + (f" ({on_cpu} on CPU)" if on_cpu else "")
-        rows.append((o.name, placed, str(sum(e.seqs for e in o.engines)),
-                     f"{sum(e.tokens_per_s for e in o.engines):,.0f}", f"{o.gpu_reserved_gib:.1f}",
-                     f"{o.gpus_used} of 5"))
+        gen = [e for e in o.engines if not e.pooling]
+        pool = [e for e in o.engines if e.pooling]
+        rows.append((o.order, o.name, f"{sum(not e.on_cpu for e in o.engines)} of {n}",
+                     str(sum(e.on_cpu for e in o.engines)), ", ".join(m for m, _ in o.skipped) or "-",
+                     str(sum(e.seqs for e in gen)), f"{sum(e.tokens_per_s for e in gen):,.0f}",
+                     str(sum(e.seqs for e in pool)), f"{o.gpu_reserved_gib:.1f}", f"{o.gpus_used} of 5"))
     return md(rows)
 
 
@@ -262,11 +288,44 @@ def listing(o: Outcome) -> list[str]:
     rows = [("model", "in/out", "device(s)", "max_num_seqs", "util", "reserved GiB", "roofline tok/s")]
     for e in o.engines:
         i, g = lengths[e.model_id]
+        unit = " (in)" if e.pooling else ""
         rows.append((e.model_id, f"{i}/{g}", e.where, str(e.seqs), f"{e.util:.3f}", f"{e.reserved / GIB:.2f}",
-                     f"{e.tokens_per_s:,.0f}"))
+                     f"{e.tokens_per_s:,.0f}{unit}"))
     for m, why in o.skipped:
         rows.append((m, "/".join(map(str, lengths[m])), f"not placed: {why}", "-", "-", "-", "-"))
     return md(rows)
+
+
+def findings(outcomes: list[Outcome], n: int) -> list[str]:
+    """A few lines that read the table (numbers filled in from this run)."""
+    (hive, fit, one, fixed), (hive_l, fit_l, one_l, fixed_l) = outcomes[:4], outcomes[4:]
+
+    def placed(o: Outcome) -> str:
+        cpu = sum(e.on_cpu for e in o.engines)
+        return f"{len(o.engines) - cpu}" + (f"+{cpu} CPU" if cpu else "")
+
+    def gen_tps(o: Outcome) -> str:
+        return f"{sum(e.tokens_per_s for e in o.engines if not e.pooling):,.0f}"
+
+    big = hive.engines[0]
+    return [
+        f"* Catalog order, models on GPUs (+CPU) of {n}: hive {placed(hive)}, hive best-fit {placed(fit)}, one per GPU "
+        f"{placed(one)}, fixed slots {placed(fixed)}; generated tok/s (roofline): {gen_tps(hive)}, {gen_tps(fit)}, "
+        f"{gen_tps(one)}, {gen_tps(fixed)}. Largest first: {placed(hive_l)}, {placed(fit_l)}, {placed(one_l)}, "
+        f"{placed(fixed_l)}; {gen_tps(hive_l)}, {gen_tps(fit_l)}, {gen_tps(one_l)}, {gen_tps(fixed_l)}.",
+        "* The planner sizes each model throughput-first and greedily: the roofline still rises with max_num_seqs "
+        "when memory runs out, so a model deployed onto an empty card takes most of it "
+        f"({big.model_id} reserves {big.reserved / GIB:.0f} GiB of an H100 for {big.seqs} sequences). Later models get "
+        "the leftovers, or the CPU node"
+        + (f"; {', '.join(m for m, _ in hive.skipped)} finds no GPU in catalog order although the one-per-GPU "
+           "baseline places it (its best fit had put the 8B models on the L4s)" if hive.skipped else "") + ".",
+        "* The best-fit user policy (`hive_placement_policy`, class `BestFit` in this script) keeps the H100s for "
+        f"what only they hold and places {len(fit.engines)} of {n} in catalog order, but it cannot undo the greedy "
+        f"sizing: {sum(e.on_cpu for e in fit.engines)} of them end on the CPU node.",
+        "* Pooling models: encoders keep no KV per sequence, so the planner gives them its 1024-sequence cap in "
+        "1-3 GiB where a baseline gives them a whole card or slot; the hive's extra placements are mostly these "
+        "and the small chat models.",
+    ]
 
 
 def main() -> None:
@@ -276,57 +335,60 @@ def main() -> None:
     t0 = time.perf_counter()
     profiles = {folder: load_profile(os.path.join(FIXTURES, folder), {}) for _, folder, _, _ in CATALOG}
     t_load = time.perf_counter() - t0
-    outcomes = [run_hive(profiles), run_fixed(profiles, slots=False), run_fixed(profiles, slots=True)]
+    largest = sorted(CATALOG, key=lambda c: -profiles[c[1]].weight_bytes)
+    outcomes = []
+    best_fit = f"{__name__}.BestFit"  # "__main__.BestFit" when run as a script
+    for order, catalog in (("catalog", CATALOG), ("largest first", largest)):
+        outcomes += [run_hive(profiles, catalog, order),
+                     run_hive(profiles, catalog, order, policy=best_fit),
+                     run_fixed(profiles, catalog, order, slots=False),
+                     run_fixed(profiles, catalog, order, slots=True)]
     n = len(CATALOG)
-    summary = table(outcomes, n)
-    hive_rows = listing(outcomes[0])
-    base_rows = listing(outcomes[1])
-    slot_rows = listing(outcomes[2])
+    summary = summary_table(outcomes, n)
+    sections = [("Ray Hive (performance) placements, catalog order", listing(outcomes[0])),
+                ("Ray Hive (performance) placements, largest first", listing(outcomes[4])),
+                ("Ray Hive with the best-fit user policy, catalog order", listing(outcomes[1])),
+                ("One model per GPU, catalog order", listing(outcomes[2])),
+                ("Fixed 0.45 x 2 per GPU, catalog order", listing(outcomes[3]))]
+    notes = findings(outcomes, n)
     elapsed = time.perf_counter() - t0
 
     print("cluster: A 2 x H100-80GB | B 2 x L4 + 1 x A10 | C CPU 64 GiB, 16 cores; budget 0.90 x total")
-    print(f"catalog: {n} models deployed in order, replicas=1, auto placement, engine sim\n")
+    print(f"catalog: {n} models deployed one after another, replicas=1, auto placement, engine sim\n")
     print("\n".join(summary))
-    print("\nRay Hive placements:")
-    print("\n".join(hive_rows))
-    print("\none model per GPU placements:")
-    print("\n".join(base_rows))
-    print("\nfixed 0.45 x 2 per GPU placements:")
-    print("\n".join(slot_rows))
+    for title, rows in sections:
+        print(f"\n{title}:")
+        print("\n".join(rows))
+    print()
+    print("\n".join(notes))
     print(f"\n{elapsed:.1f} s ({t_load:.1f} s loading profiles)")
     print(f"command: {COMMAND}")
 
     if args.write_results:
-        hive, one, fixed = outcomes
-        text = "\n".join([
+        text = [
             "# Packing benchmark: Ray Hive planner vs one model per GPU vs fixed utilisation",
             "",
-            "Simulated cluster: node A 2 x H100-80GB; node B 2 x L4 + 1 x A10; node C CPU only (64 GiB, 16 cores).",
+            "Simulated cluster: node A 2 x H100-80GB; node B 2 x L4 + 1 x A10; node C CPU only (64 GiB, 16 cores); "
+            "budget 0.90 x total per device.",
             f"{n} real model configs from `tests/fixtures/model_configs`, deployed one after another (replicas=1, "
-            "auto placement, engine sim) with the input/output lengths listed below; every strategy uses the same "
-            "max_model_len (input + output). Baselines run vLLM's `vllm serve` defaults (max_num_seqs 1024 on H100, "
-            "256 elsewhere) at a fixed gpu_memory_utilization, their concurrency being the KV cache that leaves "
-            "divided by one full-length request, capped at max_num_seqs (definitions: docstring of "
-            "`benchmarks/bench_packing.py`).",
+            "auto placement, engine sim) in catalog order and largest weights first, with the input/output lengths "
+            "listed below; every strategy uses the same max_model_len (input + output). Baselines run vLLM's "
+            "`vllm serve` defaults (max_num_seqs 1024 on H100, 256 elsewhere) at a fixed gpu_memory_utilization "
+            "(one model per GPU: 0.9 of a whole free GPU; fixed slots: 0.45, two engines per GPU, or 0.9 of an "
+            "empty GPU), and their concurrency is the KV cache left by the planner's own memory estimates, "
+            "divided by one full-length request, capped at max_num_seqs. tok/s: the planner's roofline estimate "
+            "(it ranks, it is not a measurement); pooling rows count input tokens and are left out of the sums. "
+            "Definitions: docstring of `benchmarks/bench_packing.py`.",
             "",
             *summary,
             "",
-            f"Ray Hive placements:",
-            "",
-            *hive_rows,
-            "",
-            "One model per GPU placements:",
-            "",
-            *base_rows,
-            "",
-            "Fixed 0.45 x 2 per GPU placements:",
-            "",
-            *slot_rows,
-            "",
-            f"`{COMMAND}` ({elapsed:.0f} s on a shared 2-core machine, {t_load:.0f} s of it loading profiles).",
-            "",
-        ])
-        Path(args.write_results).write_text(text)
+            *notes,
+        ]
+        for title, rows in sections:
+            text += ["", f"{title}:", "", *rows]
+        text += ["", f"`{COMMAND}` ({elapsed:.0f} s on a shared 2-core machine, {t_load:.0f} s of it loading "
+                     "profiles).", ""]
+        Path(args.write_results).write_text("\n".join(text))
         print(f"wrote {args.write_results}")
 
 

@@ -25,7 +25,11 @@ class EngineKind(str, Enum):
 
 
 class Allocation(str, Enum):
-    """How auto placement ranks devices (the full policy set is a later issue)."""
+    """The built-in policies by which auto placement ranks devices.
+
+    A user policy is named by class path in ``vllm_kwargs["hive_placement_policy"]``
+    (``hive_apps/planning/placement.py`` documents the interface); it replaces this field.
+    """
 
     PERFORMANCE = "performance"
     CONSERVE_TDP = "conserve_tdp"
@@ -44,7 +48,11 @@ class ModelSpec(BaseModel):
     gpu: str | list[str] | None = Field(
         None, description='null (auto), "node:gpuN" (pin), or a list of pins.'
     )
-    allocation: Allocation = Allocation.PERFORMANCE
+    allocation: Allocation = Field(
+        Allocation.PERFORMANCE,
+        description='Built-in placement policy; a user policy goes in vllm_kwargs["hive_placement_policy"] '
+                    '= "package.module.ClassName" and replaces it.',
+    )
     sleep_timeout: float | None = Field(None, ge=0, description="Seconds idle before the engine sleeps.")
     idle_timeout: float | None = Field(None, ge=0, description="Seconds idle before the model is removed.")
     engine: EngineKind = EngineKind.VLLM

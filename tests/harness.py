@@ -120,3 +120,11 @@ def stop_hive(hive: Hive) -> None:
     finally:
         ray.shutdown()
         hive.cluster.shutdown()
+
+
+def openai_clients(hive: Hive, model_id: str, async_: bool = False) -> list:
+    """OpenAI SDK clients for /v1 and for the model's own /<model_id>/v1."""
+    import openai
+
+    cls = openai.AsyncOpenAI if async_ else openai.OpenAI
+    return [cls(base_url=f"{hive.url}/v1", api_key=API_KEY), cls(base_url=f"{hive.url}/{model_id}/v1", api_key=API_KEY)]

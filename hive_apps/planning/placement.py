@@ -8,13 +8,46 @@ tensor-parallel group. CPU devices are the last resort of automatic placement.
 The memory side is the planner's: placement gets ``need(on_cpu, tp)``, the smallest
 footprint (bytes per device) a replica can have, and only compares it with what a device
 can give. It never builds a plan, so ranking 1000 devices costs a sort, not 1000 plans.
+
+Policies. ``allocation`` names a built-in: ``performance`` (the planner's expected tokens/s
+of this model on the device, then bandwidth, then room) or ``conserve_tdp`` (lowest board
+TDP, then most SMs). A user policy is named by class path in
+``vllm_kwargs["hive_placement_policy"] = "package.module.ClassName"`` (like every ``hive_*``
+key it is stripped before the engine sees its kwargs); it replaces ``allocation``, which is
+then ignored. The interface::
+
+    class ClassName:
+        def __init__(self): ...                      # constructed with no arguments, once per plan
+        def rank(self, candidates: list[DeviceCapacity], profile: ModelProfile) -> list[DeviceCapacity]:
+            ...                                      # best first
+
+``rank`` is called once per automatic placement with every device that passed the hive's
+own checks for this model (engine kind, architecture taints: fp8, bf16), GPUs and CPUs
+together, *before* any fit check. It returns those devices (the same objects, or any with
+the same ``device.id``) best first; a device it leaves out is not used by this plan (the
+dry-run lists it as rejected: "left out by placement policy"). The hive then keeps its own
+rules around the user's order, which only breaks ties *within* them:
+
+* fit: a device (or TP rank) that cannot hold the replica's smallest footprint is skipped;
+* unshared first: devices with no hive replica come before devices that already host one,
+  and replicas of one plan spread before they co-locate (the user's order ranks devices
+  inside each tier of "replicas already here");
+* single device before tensor parallelism, identical cards preferred in a TP group (the
+  group's rank is its worst member's position), GPUs before CPUs.
+
+An import failure, a class that cannot be built with no arguments, a class without a
+callable ``rank``, a ``rank`` that raises, or one that returns something other than a list
+of the candidates (unknown or repeated devices) is a 422 that names the path and what is
+wrong. Pinned deployments do not consult the policy, but the path is still checked.
+The class path is imported in the admin's process: it must be importable there.
 """
 
 from __future__ import annotations
 
 import heapq
+import importlib
 from collections import defaultdict
-from typing import Callable
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,8 +71,11 @@ FP8_MARLIN_MIN_CAPABILITY = (7, 5)
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: bf16; older cards make vLLM fall back to fp16
 MAX_LISTED_DEVICES = 20
 
+PLACEMENT_POLICY_KEY = "hive_placement_policy"
+
 NeedFn = Callable[[bool, int], int]
 SpeedFn = Callable[[DeviceCapacity], float]
+KeyFn = Callable[[DeviceCapacity], tuple]  # sort key of one device, best first
 
 
 class Placement(BaseModel):
@@ -145,6 +181,62 @@ def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None
     return (first, -(d.memory_bandwidth_gbps or 0.0), -dc.available_bytes)
 
 
+_POLICY_HELP = ("give an importable 'package.module.ClassName' whose ClassName() (no arguments) has "
+                "rank(candidates: list[DeviceCapacity], profile) -> list[DeviceCapacity], best first")
+
+
+class UserPolicy:
+    """A placement policy named by class path (``vllm_kwargs["hive_placement_policy"]``)."""
+
+    def __init__(self, path: Any) -> None:
+        if not isinstance(path, str) or "." not in path.strip(".") or not all(path.split(".")):
+            raise PlanningError(f"vllm_kwargs.{PLACEMENT_POLICY_KEY}={path!r} is not a class path; "
+                                + _POLICY_HELP, 422)
+        self.path = path
+        module_name, _, cls_name = path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {path!r}: module {module_name!r} cannot be imported "
+                                f"({type(exc).__name__}: {exc}); " + _POLICY_HELP, 422) from exc
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {path!r}: module {module_name!r} has no attribute "
+                                f"{cls_name!r}; " + _POLICY_HELP, 422)
+        try:
+            self.instance = cls()
+        except Exception as exc:
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {path!r} cannot be constructed with no arguments "
+                                f"({type(exc).__name__}: {exc}); " + _POLICY_HELP, 422) from exc
+        if not callable(getattr(self.instance, "rank", None)):
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {path!r} has no rank(candidates, profile) method; "
+                                + _POLICY_HELP, 422)
+
+    def order(self, candidates: list[DeviceCapacity], profile: ModelProfile) -> dict[str, int]:
+        """Position of each device the policy keeps (0 = best); left-out devices are absent."""
+        try:
+            ranked = self.instance.rank(list(candidates), profile)
+        except Exception as exc:
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {self.path!r}: rank() failed "
+                                f"({type(exc).__name__}: {exc})", 422) from exc
+        if not isinstance(ranked, (list, tuple)):
+            raise PlanningError(f"{PLACEMENT_POLICY_KEY} {self.path!r}: rank() returned "
+                                f"{type(ranked).__name__}, expected a list of the candidate devices", 422)
+        known = {dc.device.id for dc in candidates}
+        positions: dict[str, int] = {}
+        for item in ranked:
+            dev_id = getattr(getattr(item, "device", None), "id", None)
+            if dev_id not in known:
+                raise PlanningError(f"{PLACEMENT_POLICY_KEY} {self.path!r}: rank() returned {item!r:.80}, which "
+                                    "is not one of the candidate devices; return a subset of the candidates, "
+                                    "best first", 422)
+            if dev_id in positions:
+                raise PlanningError(f"{PLACEMENT_POLICY_KEY} {self.path!r}: rank() returned {dev_id} twice; "
+                                    "name each device once", 422)
+            positions[dev_id] = len(positions)
+        return positions
+
+
 def _known(devices: list[DeviceCapacity]) -> str:
     ids = [dc.device.id for dc in devices]
     shown = ", ".join(ids[:MAX_LISTED_DEVICES])
@@ -215,8 +307,12 @@ def place_pinned(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelP
 
 def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, need: NeedFn,
                tp_override: int | None, *, budget_is_applied: bool = True,
-               speed: SpeedFn | None = None) -> tuple[list[Placement], list[Rejection]]:
-    """Choose devices for ``spec.replicas`` replicas (or every eligible device for -1)."""
+               speed: SpeedFn | None = None,
+               policy: UserPolicy | None = None) -> tuple[list[Placement], list[Rejection]]:
+    """Choose devices for ``spec.replicas`` replicas (or every eligible device for -1).
+
+    ``policy`` (a user policy) orders the devices instead of ``spec.allocation``.
+    """
     reasons: dict[str, str] = {}
     gpus: list[DeviceCapacity] = []
     cpus: list[DeviceCapacity] = []
@@ -229,14 +325,28 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
         else:
             gpus.append(dc)
 
+    if policy is not None and (gpus or cpus):
+        rank_of = policy.order(gpus + cpus, profile)
+        for dc in gpus + cpus:
+            if dc.device.id not in rank_of:
+                reasons[dc.device.id] = f"left out by placement policy {policy.path}"
+        gpus = [dc for dc in gpus if dc.device.id in rank_of]
+        cpus = [dc for dc in cpus if dc.device.id in rank_of]
+
+        def key(dc: DeviceCapacity) -> tuple:
+            return (rank_of[dc.device.id],)
+    else:
+        def key(dc: DeviceCapacity) -> tuple:
+            return policy_key(dc, spec.allocation, speed)
+
     want_all = spec.replicas == -1
     tp1 = tp_override in (None, 1)
     placements: list[Placement] = []
 
     if tp1:
-        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1, speed=speed)
+        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1, key=key)
     if not placements and gpus:
-        placements = _tensor_parallel(gpus, spec, profile, need, tp_override, reasons, budget_is_applied, speed)
+        placements = _tensor_parallel(gpus, spec, profile, need, tp_override, reasons, budget_is_applied, key)
     if not placements and cpus:
         tp = tp_override or 1
         problem = profile.tp_problem(tp)
@@ -244,7 +354,7 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
             for dc in cpus:
                 reasons[dc.device.id] = problem
         else:
-            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp, speed=speed)
+            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp, key=key)
             note = ("no GPU can hold a replica; placed on CPU" if gpus else "no GPU in the registry; placed on CPU")
             for p in placements:
                 p.notes.append(note)
@@ -269,7 +379,7 @@ def _nothing_fits(spec: ModelSpec, devices: list[DeviceCapacity], rejected: list
 
 
 def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dict[str, str],
-            budget_is_applied: bool, *, tp: int, speed: SpeedFn | None = None) -> list[Placement]:
+            budget_is_applied: bool, *, tp: int, key: KeyFn) -> list[Placement]:
     """One replica per chosen device; free devices first, then co-location where memory allows."""
     fitting: list[tuple[tuple, int, DeviceCapacity, int]] = []
     for i, dc in enumerate(pool):
@@ -277,7 +387,7 @@ def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dic
         if need > cap:
             reasons[dc.device.id] = _short(need, cap) + (f" at tensor_parallel_size={tp}" if tp > 1 else "")
             continue
-        fitting.append((policy_key(dc, spec.allocation, speed), i, dc, cap))
+        fitting.append((key(dc), i, dc, cap))
     if not fitting:
         return []
     if spec.replicas == -1:
@@ -285,25 +395,25 @@ def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dic
         return [Placement(devices=[f[2]], tp=tp) for f in fitting]
 
     # heap of (replicas already on the device, policy, index): spread first, then co-locate
-    heap = [(len(dc.hive_replicas), key, i) for key, i, dc, _ in fitting]
+    heap = [(len(dc.hive_replicas), k, i) for k, i, dc, _ in fitting]
     heapq.heapify(heap)
     by_index = {i: (dc, cap) for _, i, dc, cap in fitting}
     shares: dict[int, int] = defaultdict(int)
     order: list[int] = []
     while heap and len(order) < spec.replicas:
-        count, key, i = heapq.heappop(heap)
+        count, k, i = heapq.heappop(heap)
         dc, cap = by_index[i]
         if need * (shares[i] + 1) > cap:
             continue  # full: drop it from the heap
         shares[i] += 1
         order.append(i)
-        heapq.heappush(heap, (count + 1, key, i))
+        heapq.heappush(heap, (count + 1, k, i))
     return [Placement(devices=[by_index[i][0]], tp=tp, share=shares[i]) for i in order]
 
 
 def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: ModelProfile, need: NeedFn,
                      tp_override: int | None, reasons: dict[str, str], budget_is_applied: bool,
-                     speed: SpeedFn | None = None) -> list[Placement]:
+                     key: KeyFn) -> list[Placement]:
     """The smallest TP size for which same-node groups exist; identical cards preferred."""
     by_node: dict[str, list[DeviceCapacity]] = defaultdict(list)
     for dc in gpus:
@@ -318,7 +428,7 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
         usable: list[DeviceCapacity] = []
         for node_devices in by_node.values():
             fitting = [dc for dc in node_devices if capacity(dc, budget_is_applied=budget_is_applied) >= per_device]
-            node_groups = _node_groups(fitting, tp, spec.allocation, speed)
+            node_groups = _node_groups(fitting, tp, key)
             groups.extend(node_groups)
             usable.extend(dc for _, g in node_groups for dc in g)
         if not groups:
@@ -335,12 +445,11 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
     return []
 
 
-def _node_groups(devices: list[DeviceCapacity], tp: int, allocation: Allocation,
-                 speed: SpeedFn | None = None) -> list[tuple[tuple, list[DeviceCapacity]]]:
+def _node_groups(devices: list[DeviceCapacity], tp: int, key: KeyFn) -> list[tuple[tuple, list[DeviceCapacity]]]:
     """Non-overlapping groups of ``tp`` devices on one node: identical cards first, then mixed leftovers."""
     if len(devices) < tp:
         return []
-    ordered = sorted(devices, key=lambda dc: (len(dc.hive_replicas), policy_key(dc, allocation, speed)))
+    ordered = sorted(devices, key=lambda dc: (len(dc.hive_replicas), key(dc)))
     by_card: dict[tuple, list[DeviceCapacity]] = defaultdict(list)
     for dc in ordered:
         by_card[(dc.device.name, dc.device.total_bytes)].append(dc)
@@ -349,18 +458,17 @@ def _node_groups(devices: list[DeviceCapacity], tp: int, allocation: Allocation,
     for cards in by_card.values():
         whole = len(cards) // tp * tp
         for k in range(0, whole, tp):
-            groups.append((_group_key(cards[k:k + tp], allocation, speed, identical=True), cards[k:k + tp]))
+            groups.append((_group_key(cards[k:k + tp], key, identical=True), cards[k:k + tp]))
         leftovers.extend(cards[whole:])
     leftovers.sort(key=lambda dc: -dc.available_bytes)
     for k in range(0, len(leftovers) // tp * tp, tp):
         group = leftovers[k:k + tp]
-        groups.append((_group_key(group, allocation, speed, identical=False), group))
+        groups.append((_group_key(group, key, identical=False), group))
     return groups
 
 
-def _group_key(group: list[DeviceCapacity], allocation: Allocation, speed: SpeedFn | None = None, *,
-               identical: bool) -> tuple:
-    weakest = max(policy_key(dc, allocation, speed) for dc in group)
+def _group_key(group: list[DeviceCapacity], key: KeyFn, *, identical: bool) -> tuple:
+    weakest = max(key(dc) for dc in group)
     busiest = max(len(dc.hive_replicas) for dc in group)
     return (busiest, not identical, weakest, -min(dc.available_bytes for dc in group),
             group[0].device.id)

@@ -46,7 +46,8 @@ User overrides in ``vllm_kwargs`` are honoured exactly: ``max_num_seqs``,
 ``tensor_parallel_size``, ``kv_cache_dtype``, ``block_size``, ``enable_chunked_prefill``,
 ``enable_prefix_caching``. One that cannot fit, or that breaks one of vLLM's rules above,
 raises a 422 that says by how much. Keys starting with ``hive_`` belong to the hive and are
-stripped from the engine kwargs. Checkpoints quantized with a method vLLM 0.32 does not have
+stripped from the engine kwargs (``hive_attention_cls``: profile hook, ``profile.py``;
+``hive_placement_policy``: a user placement policy by class path, ``placement.py``). Checkpoints quantized with a method vLLM 0.32 does not have
 (bitsandbytes) are refused for the real engine.
 """
 
@@ -60,7 +61,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from hive_apps.planning import memory as mem
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.placement import (
-    Placement, capacity, dtype_note, fp8_fallback_note, place_auto, place_pinned,
+    PLACEMENT_POLICY_KEY, Placement, UserPolicy, capacity, dtype_note, fp8_fallback_note, place_auto,
+    place_pinned,
 )
 from hive_apps.planning.profile import ModelProfile
 from hive_apps.planning.types import (
@@ -162,6 +164,9 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
             "support (its quantization methods include fp8, gptq, awq, compressed-tensors, modelopt, mxfp4); "
             "use a checkpoint in one of those formats, or engine 'sim' to plan it anyway", 422)
     sizer = _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
+    policy_path = spec.vllm_kwargs.get(PLACEMENT_POLICY_KEY)
+    policy = UserPolicy(policy_path) if policy_path is not None else None  # checked for pins too
+    policy_notes: list[str] = []
 
     if spec.pins:
         placements = place_pinned(spec, devices, profile, overrides.tensor_parallel_size)
@@ -170,7 +175,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         try:
             placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
                                               overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
-                                              speed=sizer.device_speed)
+                                              speed=sizer.device_speed, policy=policy)
         except PlanningError as exc:
             fixed = overrides.model_dump(exclude_none=True)
             if fixed and exc.status_code == 422:
@@ -178,10 +183,13 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
                                 + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ", which the planner never lowers")
                 exc.args = (exc.message,)
             raise
+        if policy is not None:
+            policy_notes.append(f"devices ranked by {PLACEMENT_POLICY_KEY} {policy.path!r} within the hive's "
+                                f"fit and unshared-first rules (allocation={spec.allocation.value!r} not used)")
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
-                notes=list(profile.notes) + sizer.notes)
+                notes=list(profile.notes) + sizer.notes + policy_notes)
 
 
 class _Sizer:

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from hive_apps.models.tiny import build_tiny_model
@@ -22,3 +24,26 @@ def hive():
     h = start_hive([])
     yield h
     stop_hive(h)
+
+
+# A random model loops on whitespace inside JSON unless the grammar forbids it.
+TINY_KWARGS = {
+    "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+}
+
+
+@pytest.fixture(scope="package")
+def tiny(hive, tiny_model):
+    t0 = time.perf_counter()
+    r = hive.deploy(model_id="tiny", model=tiny_model, max_input_prompt_length=512, max_output_prompt_length=128,
+                    vllm_kwargs=TINY_KWARGS)
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200, r.text
+    body = r.json()
+    print(f"\n[figure] tiny model: POST /admin/models -> ready in {elapsed:.1f}s "
+          f"(server-side deploy_seconds={body['deploy_seconds']}, "
+          f"of which vLLM's own start {body['replicas']['r0']['engine_start_s']}s)")
+    yield body
+    assert hive.admin.delete("/models/tiny").status_code == 200

@@ -96,3 +96,46 @@ class KvAndImageHook(DoubleKV, FixedImageTokens):
     def __init__(self, profile):
         DoubleKV.__init__(self, profile)
         FixedImageTokens.__init__(self, profile)
+
+
+# ---- user placement policies (vllm_kwargs["hive_placement_policy"]) -----------------------
+
+
+class MostFreeMemory:
+    """Prefer the device with the most room left (available bytes), whatever its speed."""
+
+    def rank(self, candidates, profile):
+        return sorted(candidates, key=lambda dc: -dc.available_bytes)
+
+
+class PreferNodeB:
+    """Devices on node "b" first, then the rest in the order given."""
+
+    def rank(self, candidates, profile):
+        return sorted(candidates, key=lambda dc: dc.device.node_name != "b")
+
+
+class OnlyNodeA:
+    """Leaves out every device not on node "a"."""
+
+    def rank(self, candidates, profile):
+        return [dc for dc in candidates if dc.device.node_name == "a"]
+
+
+class NoRank:
+    """A class without rank(): refused."""
+
+
+class NeedsArgs:
+    def __init__(self, weight):
+        self.weight = weight
+
+    def rank(self, candidates, profile):
+        return candidates
+
+
+class ReturnsStrangers:
+    """rank() returns a device that is not a candidate: refused."""
+
+    def rank(self, candidates, profile):
+        return [gpu("T4", "zz", 9)]

@@ -190,3 +190,66 @@ def test_empty_registry():
     with pytest.raises(PlanningError) as err:
         plan(SMALL, [])
     assert "no devices" in err.value.message
+
+
+# ---- user placement policy (vllm_kwargs["hive_placement_policy"]) -------------------------
+
+POLICIES = "tests.unit.planning_fixtures."
+
+
+def test_user_policy_changes_the_chosen_device():
+    devices = [gpu("H100-80GB", "a", 0, used_gib=40), gpu("L40S", "a", 1)]  # L40S has more room left
+    assert replica_devices(plan(SMALL, devices)) == [["a:gpu0"]]  # performance: the H100
+    p = plan(SMALL, devices, vllm_kwargs={"hive_placement_policy": POLICIES + "MostFreeMemory"})
+    assert replica_devices(p) == [["a:gpu1"]]
+    assert "hive_placement_policy" not in p.replicas[0].engine_kwargs  # stripped before vLLM
+    assert any("MostFreeMemory" in n for n in p.notes)
+
+
+def test_user_policy_replaces_allocation_and_orders_replicas():
+    devices = [gpu("H100-80GB", "a", 0), gpu("L4", "b", 0), gpu("A10", "b", 1)]
+    assert replica_devices(plan(SMALL, devices, allocation="conserve_tdp")) == [["b:gpu0"]]
+    kw = {"hive_placement_policy": POLICIES + "PreferNodeB"}
+    assert replica_devices(plan(SMALL, devices, vllm_kwargs=kw)) == [["b:gpu0"]]
+    p = plan(SMALL, devices, replicas=3, vllm_kwargs=kw)
+    assert replica_devices(p) == [["b:gpu0"], ["b:gpu1"], ["a:gpu0"]]
+
+
+def test_user_policy_orders_within_the_unshared_first_tier():
+    """Node b first, but its only GPU already hosts a hive replica: the unshared H100 on a wins."""
+    devices = [gpu("H100-80GB", "a", 0), gpu("L4", "b", 0, hive_replicas=["other/r0"])]
+    p = plan(SMALL, devices, vllm_kwargs={"hive_placement_policy": POLICIES + "PreferNodeB"})
+    assert replica_devices(p) == [["a:gpu0"]]
+
+
+def test_user_policy_still_gets_fit_checks_and_may_leave_devices_out():
+    devices = [gpu("T4", "b", 0), gpu("L4", "a", 0)]  # an 8B model does not fit a T4
+    p = plan(QWEN8, devices, vllm_kwargs={"hive_placement_policy": POLICIES + "PreferNodeB"})
+    assert replica_devices(p) == [["a:gpu0"]]
+    devices = [gpu("H100-80GB", "b", 0), gpu("L4", "a", 0)]
+    p = plan(SMALL, devices, vllm_kwargs={"hive_placement_policy": POLICIES + "OnlyNodeA"})
+    assert replica_devices(p) == [["a:gpu0"]]
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [gpu("H100-80GB", "b", 0)], vllm_kwargs={"hive_placement_policy": POLICIES + "OnlyNodeA"})
+    assert err.value.status_code == 422 and "left out by placement policy" in err.value.message
+
+
+@pytest.mark.parametrize("path, says", [
+    ("tests.unit.no_such_module.Policy", "cannot be imported"),
+    (POLICIES + "Missing", "has no attribute 'Missing'"),
+    (POLICIES + "NoRank", "has no rank(candidates, profile) method"),
+    (POLICIES + "NeedsArgs", "cannot be constructed with no arguments"),
+    (POLICIES + "ReturnsStrangers", "not one of the candidate devices"),
+    ("NotAPath", "not a class path"),
+])
+def test_bad_user_policy_is_422_naming_the_path(path, says):
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [gpu("L4", "a", 0)], vllm_kwargs={"hive_placement_policy": path})
+    assert err.value.status_code == 422
+    assert path in err.value.message and says in err.value.message
+
+
+def test_bad_user_policy_is_refused_even_when_pinned():
+    with pytest.raises(PlanningError) as err:
+        plan(SMALL, [gpu("L4", "a", 0)], gpu="a:gpu0", vllm_kwargs={"hive_placement_policy": POLICIES + "NoRank"})
+    assert err.value.status_code == 422
