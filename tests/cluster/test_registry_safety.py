@@ -72,13 +72,19 @@ def test_engines_sharing_a_device_start_one_at_a_time(clean):
     assert sorted(hive.gpus()[device]["replicas"]) == ["share-a/r0", "share-b/r0"]
 
 
+def add_sim_node(hive, name: str, gpus: str):
+    """Join a node with simulated GPUs and wait until the registry lists them."""
+    node = hive.cluster.add_node(num_cpus=1, labels={"ray-hive/node": name, "ray-hive/sim-gpus": gpus})
+    deadline = time.time() + 60
+    while f"{name}:gpu0" not in hive.gpus():
+        assert time.time() < deadline, f"{name} never reached the registry"
+        time.sleep(0.5)
+    return node
+
+
 def test_dead_node_releases_reservations_and_shows_lost_replicas(clean):
     hive = clean
-    node = hive.cluster.add_node(num_cpus=1, labels={"ray-hive/node": "node-c", "ray-hive/sim-gpus": "L4"})
-    deadline = time.time() + 60
-    while "node-c:gpu0" not in hive.gpus():
-        assert time.time() < deadline
-        time.sleep(0.5)
+    node = add_sim_node(hive, "node-c", "L4")
     assert hive.deploy(**small_spec("doomed", "node-c:gpu0")).status_code == 200
     assert hive.deploy(**small_spec("survivor", "node-b:gpu1")).status_code == 200
     registry = serve.get_app_handle("hive-registry")
@@ -98,11 +104,7 @@ def test_dead_node_releases_reservations_and_shows_lost_replicas(clean):
 
 def test_replica_lost_with_its_node_is_replaced_elsewhere(clean):
     hive = clean
-    node = hive.cluster.add_node(num_cpus=1, labels={"ray-hive/node": "node-d", "ray-hive/sim-gpus": "H200"})
-    deadline = time.time() + 60
-    while "node-d:gpu0" not in hive.gpus():
-        assert time.time() < deadline
-        time.sleep(0.5)
+    node = add_sim_node(hive, "node-d", "H200")
     # auto placement with the performance policy takes the H200
     r = hive.deploy(model_id="phoenix", model=SIM_MODEL, engine="sim", vllm_kwargs={"sim_tokens_per_s": 1000})
     assert r.status_code == 200, r.text
