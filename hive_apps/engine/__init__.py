@@ -1,1 +1,1 @@
-"""engine"""
+"""Engine replicas: vLLM in-process behind its own OpenAI app, and the simulated engine."""

@@ -1,1 +1,1 @@
-"""planning"""
+"""Planning: model profiles, vLLM's memory model, placement and engine settings (pure, no Ray)."""

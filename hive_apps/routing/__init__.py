@@ -1,1 +1,1 @@
-"""routing"""
+"""Routing: the per-model router and its capacity-relative replica choice."""
