@@ -1,1 +1,1 @@
-"""Planning: model profiles, vLLM's memory model, placement and engine settings (pure, no Ray)."""
+"""Planning: model profiles, vLLM's memory model, placement and engine settings (pure, no Ray; deployment.py is the Serve shell)."""
