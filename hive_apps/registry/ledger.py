@@ -69,8 +69,6 @@ class Ledger:
         for dev_id in [d for d, dev in self.devices.items() if dev.node_id == node_id]:
             del self.devices[dev_id]
         for dev in devices:
-            if dev.kind is DeviceKind.SIM_GPU:  # a simulated GPU holds what its sim engines allocated
-                dev = dev.model_copy(update={"used_bytes": self.measured_on(dev.id)})
             self.devices[dev.id] = dev
 
     def drop_nodes_except(self, alive_node_ids: set[str]) -> None:
@@ -87,15 +85,21 @@ class Ledger:
     def replicas_on(self, dev_id: str) -> list[str]:
         return sorted(r.key for r in self.reservations.values() if dev_id in r.devices)
 
+    def used_on(self, dev: Device) -> int:
+        """Measured use; a simulated GPU holds exactly what its sim engines allocated, right now
+        (derived here, not cached at sample time, so a released engine stops counting at once)."""
+        return self.measured_on(dev.id) if dev.kind is DeviceKind.SIM_GPU else dev.used_bytes
+
     def state_of(self, dev: Device) -> DeviceState:
         reserved = self.reserved_on(dev.id)
-        foreign = max(0, dev.used_bytes - reserved)
+        used = self.used_on(dev)
+        foreign = max(0, used - reserved)
         budget = int(self.budget_fraction * dev.total_bytes)
         return DeviceState(
             device=dev,
             total_bytes=dev.total_bytes,
-            used_bytes=dev.used_bytes,
-            free_bytes=max(0, dev.total_bytes - dev.used_bytes),
+            used_bytes=used,
+            free_bytes=max(0, dev.total_bytes - used),
             reserved_bytes=reserved,
             foreign_bytes=foreign,
             available_bytes=max(0, budget - reserved - foreign),

@@ -112,3 +112,13 @@ def test_pending_reservations_expire(ledger):
     ledger.reservations["new/r0"].created_at = 0
     assert [r.key for r in ledger.expire_pending(now=1000, ttl_s=100)] == ["old/r0"]
     assert list(ledger.reservations) == ["new/r0"]
+
+
+def test_released_sim_engine_stops_counting_before_the_next_sample(ledger):
+    ledger.update_node("id-a", [gpu("a", 0, kind=DeviceKind.SIM_GPU)])
+    ledger.reserve([res("m", ["a:gpu0"], 30)])
+    ledger.report_usage("m/r0", 30 * GIB)
+    assert ledger.state_of(ledger.devices["a:gpu0"]).used_bytes == 30 * GIB
+    ledger.release("m")  # no new sample in between
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.used_bytes == 0 and s.foreign_bytes == 0 and s.available_bytes == int(0.9 * 80 * GIB)
