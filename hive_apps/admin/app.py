@@ -156,11 +156,7 @@ class Admin:
             await self.registry.delete_model.remote(spec.model_id)
         if not await self.registry.claim_model.remote(record):
             raise AdminError(409, f"model_id {spec.model_id!r} was taken by a concurrent deploy", "model_id")
-        reservations = [
-            Reservation(model_id=spec.model_id, replica=rp.index, devices=rp.devices, bytes_per_device=rp.reservation_bytes)
-            for rp in plan.replicas
-        ]
-        result = await self.registry.reserve.remote(reservations)
+        result = await self.registry.reserve.remote([Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas])
         if not result.ok:
             await self.registry.delete_model.remote(spec.model_id)
             raise AdminError(result.status_code, result.message)
@@ -270,10 +266,7 @@ class Admin:
                 await self.registry.put_model.remote(rec)
             return
         replacements = [rp.model_copy(update={"index": i}) for rp, i in zip(outcome.plan.replicas, lost)]
-        result = await self.registry.reserve.remote([
-            Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices, bytes_per_device=rp.reservation_bytes)
-            for rp in replacements
-        ])
+        result = await self.registry.reserve.remote([Reservation.for_replica(rec.model_id, rp) for rp in replacements])
         if not result.ok:
             return  # capacity moved under us; the next pass plans again
         kept = [rp for rp in rec.plan.replicas if rp.index not in lost]

@@ -21,7 +21,7 @@ from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState, ReservationError
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of, sample_node
-from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus, Reservation, ReservationState
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import get_settings
 
@@ -129,7 +129,7 @@ class Registry:
 
     async def _expire_pending(self) -> None:
         for r in self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s):
-            self.store.delete(f"reservation/{r.key}")
+            self._forget(r.key)
             log.warning("released %s: its engine never came up", r.key)
 
     async def _record_drift(self) -> None:
@@ -154,7 +154,7 @@ class Registry:
         dead = {name(n) for n in all_nodes if not n.get("Alive")} - alive
         for r in self.ledger.on_nodes(dead):
             self.ledger.release_key(r.key)
-            self.store.delete(f"reservation/{r.key}")
+            self._forget(r.key)
             rec = self.models.get(r.model_id)
             if rec is None:
                 continue
@@ -178,6 +178,12 @@ class Registry:
         return self.ledger.states()
 
     # --- reservations ------------------------------------------------------------------
+    def _save(self, r: Reservation) -> None:
+        self.store.put(f"reservation/{r.key}", r)
+
+    def _forget(self, key: str) -> None:
+        self.store.delete(f"reservation/{key}")
+
     async def reserve(self, reservations: list[Reservation]) -> ReserveResult:
         await self._ready()
         try:
@@ -185,30 +191,30 @@ class Registry:
         except ReservationError as e:
             return ReserveResult(ok=False, message=e.message, status_code=e.status_code)
         for r in reservations:
-            self.store.put(f"reservation/{r.key}", r)
+            self._save(r)
         return ReserveResult(ok=True)
 
     async def activate(self, model_id: str) -> None:
         self.ledger.activate(model_id)
         for r in self.ledger.of_model(model_id):
-            self.store.put(f"reservation/{r.key}", r)
+            self._save(r)
 
     async def release_replicas(self, model_id: str, indices: list[int]) -> None:
-        for i in indices:
-            if self.ledger.release_key(f"{model_id}/r{i}") is not None:
-                self.store.delete(f"reservation/{model_id}/r{i}")
+        for key in (f"{model_id}/r{i}" for i in indices):
+            if self.ledger.release_key(key) is not None:
+                self._forget(key)
 
     async def release(self, model_id: str) -> int:
         self.start_locks.release(model_id)
         gone = self.ledger.release(model_id)
         for r in gone:
-            self.store.delete(f"reservation/{r.key}")
+            self._forget(r.key)
         return len(gone)
 
     async def report_usage(self, key: str, measured_bytes: int) -> None:
         r = self.ledger.report_usage(key, measured_bytes)
         if r is not None:
-            self.store.put(f"reservation/{r.key}", r)
+            self._save(r)
 
     async def acquire_start_lock(self, devices: list[str], holder: str, lease_s: float) -> bool:
         return self.start_locks.try_acquire(devices, holder, lease_s)
@@ -251,19 +257,17 @@ class Registry:
         await self.sample_once()
         measured = {k: r.measured_bytes for k, r in self.ledger.reservations.items()}
         for key in list(self.ledger.reservations):
-            self.store.delete(f"reservation/{key}")
+            self._forget(key)
         self.ledger.reservations.clear()
         for rec in self.models.values():
             for rp in rec.plan.replicas:
                 if f"r{rp.index}" in rec.lost_replicas:
                     continue
-                r = Reservation(model_id=rec.model_id, replica=rp.index, devices=rp.devices,
-                                bytes_per_device=rp.reservation_bytes,
-                                measured_bytes=measured.get(f"{rec.model_id}/r{rp.index}"))
+                r = Reservation.for_replica(rec.model_id, rp, measured.get(f"{rec.model_id}/r{rp.index}"))
+                if rec.status in SERVING and rp.index not in rec.healing_replicas:
+                    r.state = ReservationState.ACTIVE  # its engine is up; left pending it would expire
                 self.ledger.reservations[r.key] = r
-                self.store.put(f"reservation/{r.key}", r)
-            if rec.status.value == "ready":
-                self.ledger.activate(rec.model_id)
+                self._save(r)
         return {"devices": len(self.ledger.devices), "reservations": len(self.ledger.reservations)}
 
     async def healthz(self) -> dict:

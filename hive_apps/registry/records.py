@@ -7,7 +7,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from hive_apps.planning.types import Plan
+from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.spec import ModelSpec
 
 
@@ -37,6 +37,11 @@ class Reservation(BaseModel):
         if self.measured_bytes is None or not self.bytes_per_device:
             return None
         return (self.measured_bytes - self.bytes_per_device) / self.bytes_per_device
+
+    @classmethod
+    def for_replica(cls, model_id: str, rp: ReplicaPlan, measured_bytes: int | None = None) -> "Reservation":
+        return cls(model_id=model_id, replica=rp.index, devices=rp.devices,
+                   bytes_per_device=rp.reservation_bytes, measured_bytes=measured_bytes)
 
     @property
     def key(self) -> str:

@@ -205,6 +205,10 @@ def test_redeploying_the_base_config_and_reset_lose_nothing(clean):
     assert {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()} == before
     r = hive.admin.post("/registry/reset")
     assert r.status_code == 200 and r.json()["reservations"] == 1
+    from ray import serve
+
+    (kept,) = serve.get_app_handle("hive-registry").reservations.remote("keeper").result()
+    assert kept.state.value == "active"  # a running engine's reservation must not expire as pending
     assert {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()} == before
     out = hive.api.post("/keeper/v1/completions", json={"model": "keeper", "prompt": "x", "max_tokens": 1})
     assert out.status_code == 200
