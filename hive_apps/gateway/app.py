@@ -70,8 +70,7 @@ class Gateway:
             known = ", ".join(models) or "none yet"
             return openai_error(404, f"The model `{model}` does not exist or is not ready (ready models: {known}).", "model")
         stream = self._router(model).forward.remote(req)
-        start = await stream.__anext__()
-        return await to_response(start, stream)
+        return await to_response(stream)
 
 
 def build(_: dict | None = None):

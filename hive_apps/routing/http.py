@@ -45,8 +45,12 @@ def model_of(req: ForwardedRequest) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def to_response(start: ResponseStart, rest: AsyncIterator[bytes | ResponseStart]) -> Response:
-    """Stream the rest of an engine's reply; a stream broken midway ends with an SSE error event."""
+async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
+    """Answer with an engine's reply: its ``ResponseStart``, then the body as it streams in.
+
+    A stream broken midway ends with an SSE error event.
+    """
+    start = await rest.__anext__()
     is_sse = start.content_type.startswith("text/event-stream")
 
     async def body() -> AsyncIterator[bytes]:

@@ -106,8 +106,7 @@ class Router:
         except BodyTooLarge:
             return too_large()
         stream = self.forward(req)
-        start = await stream.__anext__()
-        return await to_response(start, stream)
+        return await to_response(stream)
 
 
 def router_deployment():
