@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.serve.schema import ApplicationStatus
 
+from hive_apps.admin.failures import failure_reason
 from hive_apps.admin.model_app import build_model_app
 from hive_apps.admin.schemas import ModelStatusResponse
 from hive_apps.auth import check_admin_token, warn_if_open
@@ -102,7 +103,7 @@ def _app_status(model_id: str) -> tuple[str, str]:
     if app_status is None:
         return "MISSING", "the app is not known to Serve"
     messages = [app_status.message] + [d.message for d in app_status.deployments.values() if d.message]
-    return app_status.status, " | ".join(m for m in messages if m)[:2000]
+    return app_status.status, failure_reason(" | ".join(m for m in messages if m))
 
 
 def _delete_app(model_id: str) -> None:
