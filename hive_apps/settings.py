@@ -32,6 +32,7 @@ class HiveSettings(BaseModel):
     deploy_timeout_s: float = Field(900.0, gt=0, description="Deadline for every replica of a deploy to become ready.")
     pending_reservation_ttl_s: float = Field(960.0, gt=0, description="A reservation whose engine never comes up is freed after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node (HIVE_SELF_HEAL=0 turns it off).")
+    engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port (HIVE_ENGINE_HTTP=0: Serve handles only).")
     state_namespace: str = Field("ray-hive", description="Ray internal-KV namespace for durable state.")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
 
@@ -49,6 +50,7 @@ class HiveSettings(BaseModel):
             deploy_timeout_s=float(_env("HIVE_DEPLOY_TIMEOUT_S", "900")),
             pending_reservation_ttl_s=float(_env("HIVE_PENDING_RESERVATION_TTL_S", "960")),
             self_heal=_env("HIVE_SELF_HEAL", "1").lower() not in ("0", "false", "no"),
+            engine_http=_env("HIVE_ENGINE_HTTP", "1").lower() not in ("0", "false", "no"),
             state_namespace=_env("HIVE_STATE_NAMESPACE", "ray-hive"),
             model_cache_dir=Path(_env("HIVE_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "ray-hive"))),
         )

@@ -10,6 +10,7 @@ from ray import serve
 from hive_apps import __version__
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.devices import DeviceKind
+from hive_apps.routing.replica_set import default_queue_bound
 from hive_apps.routing.router import router_deployment
 
 HEALTH_CHECK_PERIOD_S = 5.0
@@ -64,6 +65,4 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
         # removed the public `version` option but still honours the attribute.
         dep._version = replica_version(model_id, plan, rp)
         engines.append(dep.bind(model_id, plan.profile.path, rp))
-    if max_queued_requests is None:
-        max_queued_requests = max(rp.settings.max_num_seqs for rp in plan.replicas)
-    return router_deployment().bind(model_id, engines, plan.replicas, max_queued_requests)
+    return router_deployment().bind(model_id, engines, plan.replicas, default_queue_bound(plan, max_queued_requests))

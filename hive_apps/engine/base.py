@@ -1,7 +1,7 @@
 """The shape every engine replica shares: forward HTTP into an in-process ASGI app, report load.
 
 ``VLLMEngine`` serves vLLM's own OpenAI app; ``SimEngine`` serves a simulated one. Both are
-plain classes here; ``engine/deployments.py`` wraps them as Serve deployments.
+plain classes here; ``admin/model_app.py`` wraps them as Serve deployments.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.settings import get_settings
 
 
 class EngineStartError(RuntimeError):
@@ -27,6 +29,23 @@ class EngineBase:
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.http: RunningServer | None = None
+
+    async def start_http(self) -> None:
+        """Open the replica's own HTTP port once the engine is ready (``engine/http_server.py``)."""
+        if get_settings().engine_http:
+            self.http = await start_http_server(self.app, self._count_request, self.load)
+
+    def _count_request(self, delta: int) -> None:
+        self.in_flight += delta
+
+    def endpoint(self) -> EngineEndpoint | None:
+        return self.http.endpoint if self.http else None
+
+    def check_health(self) -> None:
+        """Serve restarts a replica whose HTTP server died: routers would lose their short path."""
+        if self.http is not None and self.http.task.done():
+            raise RuntimeError("the engine's HTTP server stopped")
 
     async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         self.in_flight += 1
@@ -36,16 +55,21 @@ class EngineBase:
         finally:
             self.in_flight -= 1
 
+    async def forward_unary(self, req: ForwardedRequest) -> tuple[ResponseStart, bytes]:
+        """The whole reply in one piece: a unary Serve call costs less than a streaming one."""
+        start, chunks = ResponseStart(status=500), []
+        async for item in self.forward(req):
+            if isinstance(item, ResponseStart):
+                start = item
+            else:
+                chunks.append(item)
+        return start, b"".join(chunks)
+
     async def call_json(self, path: str, body: dict) -> tuple[int, Any]:
         """One non-streaming request, for warm-up and health checks."""
         req = ForwardedRequest(path=path, body=json.dumps(body).encode(), headers=[("content-type", "application/json")])
-        status, chunks = 500, []
-        async for item in self.forward(req):
-            if isinstance(item, ResponseStart):
-                status = item.status
-            else:
-                chunks.append(item)
-        raw = b"".join(chunks)
+        start, raw = await self.forward_unary(req)
+        status = start.status
         try:
             return status, json.loads(raw) if raw else None
         except ValueError:

@@ -65,6 +65,7 @@ class SimEngine(EngineBase):
         self.running = 0
         self.waiting = 0
         self.app = self._build_app()
+        await self.start_http()
 
     async def _start(self, kw: dict) -> None:
         """What a real engine does while it holds the start lock: take time, maybe fail."""
@@ -84,9 +85,6 @@ class SimEngine(EngineBase):
             max_num_seqs=self.replica.settings.max_num_seqs, updated_at=time.time(),
             kv_cache_usage=self.running / self.replica.settings.max_num_seqs,
         )
-
-    def check_health(self) -> None:
-        return None
 
     async def _generate(self, prompt_tokens: int, max_tokens: int):
         """Admit like a scheduler, then yield one word per decode step."""

@@ -118,6 +118,7 @@ class VLLMEngine(EngineBase):
             self.warm_up_s = await self.warm_up()
         log.info("engine %s/r%d ready: vLLM start %.1fs, first request %.2fs",
                  model_id, replica.index, self.engine_start_s, self.warm_up_s)
+        await self.start_http()
 
     def load(self) -> EngineLoad:
         return EngineLoad(
@@ -130,6 +131,7 @@ class VLLMEngine(EngineBase):
         )
 
     def check_health(self) -> None:
+        super().check_health()
         if self.engine.errored:
             raise RuntimeError(f"vLLM engine died: {self.engine.dead_error}")
 

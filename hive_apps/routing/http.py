@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -12,10 +13,17 @@ from starlette.responses import Response, StreamingResponse
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
 
+if TYPE_CHECKING:
+    from hive_apps.routing.replica_set import ReplicaSet
+
 log = logging.getLogger("ray.serve")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 PASSED_HEADERS = {"content-type", "accept", "x-request-id"}
+
+
+# Set again by whoever sends the response on; passing them on would duplicate them.
+HOP_HEADERS = {"content-length", "content-type", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
 
 class BodyTooLarge(Exception):
@@ -33,16 +41,35 @@ async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
     return ForwardedRequest(method=request.method, path=path, query=request.url.query, headers=headers, body=b"".join(chunks))
 
 
-def model_of(req: ForwardedRequest) -> str | None:
-    """The OpenAI ``model`` field of a JSON body, if there is one."""
+class BodyFields(NamedTuple):
+    model: str | None  # the OpenAI ``model`` field, if the body is JSON and has one
+    stream: bool  # the body asks for a streamed (SSE) answer
+
+
+def body_fields(req: ForwardedRequest) -> BodyFields:
+    """The two fields routing needs from an OpenAI body, read once."""
     if not req.body:
-        return None
+        return BodyFields(None, False)
     try:
         body = json.loads(req.body)
     except ValueError:
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) else None
+        return BodyFields(None, False)
+    if not isinstance(body, dict):
+        return BodyFields(None, False)
+    model = body.get("model")
+    return BodyFields(model if isinstance(model, str) else None, body.get("stream") is True)
+
+
+async def respond(replicas: "ReplicaSet", req: ForwardedRequest, stream: bool) -> Response:
+    """Answer through a model's replicas: a unary call, or a stream when the body asks for one."""
+    if stream:
+        return await to_response(replicas.stream(req))
+    start, body = await replicas.call(req)
+    return Response(body, status_code=start.status, headers=_passed_headers(start), media_type=start.content_type)
+
+
+def _passed_headers(start: ResponseStart) -> dict[str, str]:
+    return {k: v for k, v in start.headers if k.lower() not in HOP_HEADERS}
 
 
 async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
@@ -64,8 +91,7 @@ async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
                 err = {"error": {"message": f"the model replica failed mid-stream: {type(e).__name__}", "type": "ServiceUnavailableError", "code": 503}}
                 yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
 
-    headers = {k: v for k, v in start.headers if k.lower() not in ("content-length", "content-type", "transfer-encoding")}
-    return StreamingResponse(body(), status_code=start.status, media_type=start.content_type, headers=headers)
+    return StreamingResponse(body(), status_code=start.status, media_type=start.content_type, headers=_passed_headers(start))
 
 
 def too_large() -> Response:

@@ -1,0 +1,102 @@
+"""An engine replica's own HTTP server: the short path from a router or gateway to the engine.
+
+A Serve handle call costs about 8 ms and much CPU on a small machine (benchmarks/
+bench_gateway.py); a keep-alive HTTP request to uvicorn costs about 0.5 ms. So every
+engine replica also serves its ASGI app on a port of its node, and routers send requests
+there, keeping the Serve handle for load polls, lifecycle and as the fallback.
+
+The port is closed to everyone without the replica's token: a random secret made at start
+that only travels over Ray (``endpoint()`` on the handle), so nothing outside the cluster's
+Ray traffic can call an engine around the gateway's API keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from pydantic import BaseModel
+
+log = logging.getLogger("ray.serve")
+
+TOKEN_HEADER = "x-hive-engine-token"
+LOAD_PATH = "/hive/load"
+
+
+class EngineEndpoint(BaseModel):
+    url: str  # http://<node ip>:<port>
+    token: str
+
+
+class _QuietServer(uvicorn.Server):
+    """The replica's process owns its signals; the server must not take them over."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def guarded(app: Any, token: str, on_request: Callable[[int], None], load: Callable[[], BaseModel]) -> Any:
+    """The engine's ASGI app behind the replica token; ``on_request(+1/-1)`` counts requests in flight.
+
+    ``GET /hive/load`` answers the replica's live load, so routers poll it without a Serve call.
+    """
+    expected = token.encode()
+
+    async def asgi(scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return
+        given = dict(scope["headers"]).get(TOKEN_HEADER.encode(), b"")
+        if not hmac.compare_digest(given, expected):
+            await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"error": "engine port: use the hive gateway"}'})
+            return
+        if scope["path"] == LOAD_PATH:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": load().model_dump_json().encode()})
+            return
+        on_request(1)
+        try:
+            await app(scope, receive, send)
+        finally:
+            on_request(-1)
+
+    return asgi
+
+
+class RunningServer:
+    def __init__(self, endpoint: EngineEndpoint, server: uvicorn.Server, task: asyncio.Task):
+        self.endpoint, self.server, self.task = endpoint, server, task
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def start_http_server(app: Any, on_request: Callable[[int], None], load: Callable[[], BaseModel]) -> RunningServer:
+    """Serve ``app`` on a free port of this node, in the running event loop."""
+    import ray
+
+    token = secrets.token_urlsafe(24)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning",
+                            access_log=False, timeout_keep_alive=75, server_header=False, date_header=False)
+    server = _QuietServer(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()  # raises the reason it could not start
+    endpoint = EngineEndpoint(url=f"http://{ray.util.get_node_ip_address()}:{port}", token=token)
+    log.info("engine HTTP server on %s", endpoint.url)
+    return RunningServer(endpoint, server, task)

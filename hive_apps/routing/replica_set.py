@@ -1,0 +1,212 @@
+"""The routing state of one model, shared by its router and by the gateway.
+
+Holds one handle per engine replica, polls their live load every 250 ms and sends each
+request to the replica with the lowest load relative to its planned capacity
+(``routing/policy.py``). A replica that fails before answering is retried on another;
+when every replica is full and the model's queue bound is reached the answer is a 429.
+
+The gateway keeps one ``ReplicaSet`` per ready model and calls the engines itself, so a
+request through ``/v1`` crosses one hop (gateway -> engine), like one through
+``/<model_id>/v1`` (router -> engine). That hop is a keep-alive HTTP request to the
+replica's own port (``engine/http_server.py``) once the load poll has learnt it; until
+then, or with ``HIVE_ENGINE_HTTP=0``, a Serve handle call (unary when not streaming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
+from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
+from hive_apps.openai_errors import openai_error
+from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.routing.policy import ReplicaView, choose_replica, queue_full
+
+log = logging.getLogger("ray.serve")
+
+LOAD_POLL_S = 0.25
+LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
+MAX_ATTEMPTS = 2
+RETRY_AFTER_S = 1
+JSON = ("content-type", "application/json")
+HTTP_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
+
+Reply = tuple[ResponseStart, bytes]
+
+
+def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
+    """The model's queue bound: as asked, else one more full batch of its largest replica."""
+    if max_queued_requests is not None:
+        return max_queued_requests
+    return max(rp.settings.max_num_seqs for rp in plan.replicas)
+
+
+def replica_fingerprint(plan: Plan) -> tuple:
+    """What identifies the engines a plan runs: a changed plan needs new handles."""
+    return tuple((rp.index, rp.node_id, tuple(rp.device_indices)) for rp in plan.replicas)
+
+
+class ReplicaSet:
+    def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
+        self.model_id = model_id
+        self.queue_bound = queue_bound
+        self.handles = handles
+        self.streams = {i: h.options(stream=True) for i, h in handles.items()}
+        self.views = {rp.index: ReplicaView.of_plan(rp) for rp in replicas}
+        self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in handles}
+        self._poller: asyncio.Task | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> "ReplicaSet":
+        """Handles to the engines of a running model app, found by name."""
+        handles = {rp.index: serve.get_deployment_handle(f"engine-r{rp.index}", app_name=model_id) for rp in plan.replicas}
+        return cls(model_id, handles, plan.replicas, queue_bound)
+
+    def start(self) -> None:
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_load())
+
+    def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._http is not None:
+            asyncio.get_running_loop().create_task(self._http.close())
+
+    async def _poll_load(self) -> None:
+        while True:
+            indices = list(self.handles)
+            results = await asyncio.gather(*(self._poll_one(i) for i in indices), return_exceptions=True)
+            for i, res in zip(indices, results):
+                view = self.views[i]
+                if isinstance(res, EngineLoad):
+                    view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+                else:
+                    view.healthy = False
+            await asyncio.sleep(LOAD_POLL_S)
+
+    async def _poll_one(self, i: int) -> EngineLoad:
+        """Over the replica's own port when it is known (cheap); else ask Serve, and learn the port."""
+        endpoint = self.endpoints[i]
+        if endpoint is not None:
+            try:
+                async with await self._request(endpoint, "GET", LOAD_PATH, timeout=LOAD_TIMEOUT_S) as resp:
+                    if resp.status == 200:
+                        return EngineLoad.model_validate_json(await resp.read())
+            except Exception:
+                pass
+            self.endpoints[i] = None  # gone or restarted: the handle says which
+        self.endpoints[i] = await asyncio.wait_for(self.handles[i].endpoint.remote(), timeout=LOAD_TIMEOUT_S)
+        return await asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S)
+
+    async def _request(self, endpoint: EngineEndpoint, method: str, path: str, body: bytes = b"",
+                       headers: list[tuple[str, str]] = (), timeout: float | None = None) -> aiohttp.ClientResponse:
+        """One request to a replica's own port; the caller reads and releases the response."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT, connector=aiohttp.TCPConnector(limit=0),
+                                               auto_decompress=False)
+        extra = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
+        return await self._http.request(method, endpoint.url + path, data=body,
+                                        headers=[*headers, (TOKEN_HEADER, endpoint.token)], **extra)
+
+    async def _post(self, endpoint: EngineEndpoint, req: ForwardedRequest) -> aiohttp.ClientResponse:
+        path = req.path + (f"?{req.query}" if req.query else "")
+        return await self._request(endpoint, req.method, path, req.body, req.headers)
+
+    def replica_views(self) -> list[ReplicaView]:
+        return list(self.views.values())
+
+    def _busy(self) -> Reply | None:
+        if not queue_full(self.replica_views(), self.queue_bound):
+            return None
+        start = ResponseStart(status=429, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))])
+        return start, openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests are "
+                                        f"already queued; retry after {RETRY_AFTER_S}s").body
+
+    def _unavailable(self, last_error: Exception | None) -> Reply:
+        msg = f"no replica of model '{self.model_id}' could take the request"
+        if last_error is not None:
+            msg += f" (last error: {type(last_error).__name__})"
+        return ResponseStart(status=503, headers=[JSON]), openai_error(503, msg).body
+
+    def _failed(self, view: ReplicaView, e: Exception) -> None:
+        view.healthy = False  # until the next load poll says otherwise
+        self.endpoints[view.index] = None  # a restarted replica has a new port
+        log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
+
+    async def call(self, req: ForwardedRequest) -> Reply:
+        """A non-streaming request: one unary call to the best replica, retried elsewhere on failure."""
+        busy = self._busy()
+        if busy:
+            return busy
+        tried: set[int] = set()
+        last_error: Exception | None = None
+        for _ in range(MAX_ATTEMPTS):
+            view = choose_replica(self.replica_views(), exclude=tried)
+            if view is None:
+                break
+            tried.add(view.index)
+            view.in_flight += 1
+            endpoint = self.endpoints.get(view.index)
+            try:
+                if endpoint is None:
+                    return await self.handles[view.index].forward_unary.remote(req)
+                async with await self._post(endpoint, req) as resp:
+                    return _start_of(resp), await resp.read()
+            except Exception as e:
+                last_error = e
+                self._failed(view, e)
+            finally:
+                view.in_flight -= 1
+        return self._unavailable(last_error)
+
+    async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        """A streaming request: retried elsewhere only if the replica fails before its first item."""
+        busy = self._busy()
+        if busy:
+            yield busy[0]
+            yield busy[1]
+            return
+        tried: set[int] = set()
+        last_error: Exception | None = None
+        for _ in range(MAX_ATTEMPTS):
+            view = choose_replica(self.replica_views(), exclude=tried)
+            if view is None:
+                break
+            tried.add(view.index)
+            view.in_flight += 1
+            endpoint = self.endpoints.get(view.index)
+            started = False
+            try:
+                if endpoint is None:
+                    async for item in self.streams[view.index].forward.remote(req):
+                        started = True
+                        yield item
+                    return
+                async with await self._post(endpoint, req) as resp:
+                    started = True
+                    yield _start_of(resp)
+                    async for chunk in resp.content.iter_any():
+                        yield chunk
+                return
+            except Exception as e:
+                if started:
+                    raise
+                last_error = e
+                self._failed(view, e)
+            finally:
+                view.in_flight -= 1
+        start, body = self._unavailable(last_error)
+        yield start
+        yield body
+
+
+def _start_of(resp: aiohttp.ClientResponse) -> ResponseStart:
+    return ResponseStart(status=resp.status, headers=list(resp.headers.items()))

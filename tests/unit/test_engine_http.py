@@ -1,0 +1,103 @@
+"""The short path: engines serve their own token-guarded port and a ReplicaSet routes over it."""
+
+import asyncio
+import json
+
+import aiohttp
+
+from hive_apps.engine.http_server import TOKEN_HEADER
+from hive_apps.engine.protocol import ForwardedRequest
+from hive_apps.engine.sim_engine import SimEngine
+from hive_apps.routing.replica_set import ReplicaSet
+
+from .helpers import replica_plan
+
+CHAT = {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def engine(index: int = 0, **kw) -> SimEngine:
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("sim-model", "", replica_plan(**kw).model_copy(update={"index": index}), use_start_lock=False)
+    return e
+
+
+class Call:
+    """Stands in for a Serve handle method: ``.remote(...)`` runs the engine's method in-process."""
+
+    def __init__(self, fn, counter: dict, name: str):
+        self.fn, self.counter, self.name = fn, counter, name
+
+    def remote(self, *args):
+        self.counter[self.name] = self.counter.get(self.name, 0) + 1
+        result = self.fn(*args)
+        if asyncio.iscoroutine(result) or hasattr(result, "__anext__"):
+            return result
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(result)
+        return future
+
+
+class FakeHandle:
+    def __init__(self, e: SimEngine):
+        self.calls: dict[str, int] = {}
+        for name in ("load", "endpoint", "forward", "forward_unary"):
+            setattr(self, name, Call(getattr(e, name), self.calls, name))
+
+    def options(self, **_):
+        return self
+
+
+async def test_engine_port_answers_only_with_the_replica_token():
+    e = await engine(sim_tokens_per_s=5000)
+    url = e.endpoint().url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url, json=CHAT) as r:
+            assert r.status == 403
+        async with s.post(url, json=CHAT, headers={TOKEN_HEADER: "guess"}) as r:
+            assert r.status == 403
+        async with s.post(url, json=CHAT, headers={TOKEN_HEADER: e.endpoint().token}) as r:
+            assert r.status == 200
+            assert (await r.json())["usage"]["completion_tokens"] == 2
+    assert e.in_flight == 0
+
+
+async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
+    engines = [await engine(i, max_num_seqs=4, sim_tokens_per_s=20) for i in range(2)]
+    handles = {i: FakeHandle(e) for i, e in enumerate(engines)}
+    rs = ReplicaSet("sim-model", handles, [e.replica for e in engines], queue_bound=8)
+    rs.start()
+    for _ in range(100):
+        if all(rs.endpoints.values()):
+            break
+        await asyncio.sleep(0.05)
+    assert all(rs.endpoints.values()), "the load poll learns every replica's port"
+
+    slow = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                            body=json.dumps({**CHAT, "max_tokens": 10}).encode())
+    calls = [asyncio.create_task(rs.call(slow)) for _ in range(2)]
+    await asyncio.sleep(0.2)
+    assert [e.in_flight for e in engines] == [1, 1], "two requests spread over two idle replicas"
+    assert [s.status for s, _ in await asyncio.gather(*calls)] == [200, 200]
+    assert all(h.calls.get("forward_unary", 0) == 0 for h in handles.values()), "the HTTP path, not the handle"
+
+    await engines[0].http.stop()
+    asked = handles[0].calls["endpoint"]
+    rs.views[0].in_flight = rs.views[1].in_flight = 0
+    quick = slow.model_copy(update={"body": json.dumps(CHAT).encode()})
+    start, body = await rs.call(quick)
+    assert start.status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
+    assert rs.endpoints[0] is None or handles[0].calls["endpoint"] > asked, "a refused port is forgotten and asked again"
+    rs.close()
+    await asyncio.sleep(0)
+
+
+async def test_load_is_polled_over_the_port_once_it_is_known():
+    e = await engine(sim_tokens_per_s=5000)
+    h = FakeHandle(e)
+    rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8)
+    rs.start()
+    await asyncio.sleep(1.2)  # about five polls
+    rs.close()
+    await asyncio.sleep(0)
+    assert h.calls["endpoint"] == 1 and h.calls["load"] == 1, h.calls
+    assert rs.views[0].healthy
