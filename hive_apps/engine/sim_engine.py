@@ -131,38 +131,67 @@ class SimEngine(EngineBase):
         def count_tokens(text: str) -> int:
             return max(1, len(text) // 4)
 
-        async def respond(body: dict, prompt_tokens: int, kind: str):
-            max_tokens = budget(prompt_tokens, body)
+        async def respond(body: dict, prompts: list[int], kind: str):
+            """Answer like vLLM: choice i * n + j is sample j of prompt i; usage counts every prompt once."""
+            n = 1 if body.get("n") is None else body["n"]
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                return openai_error(400, "'n' must be a positive integer", param="n")
+            max_tokens = budget(max(prompts), body)
             if isinstance(max_tokens, JSONResponse):
                 return max_tokens
             rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
             created = int(time.time())
             obj = "chat.completion" if kind == "chat" else "text_completion"
-            usage = lambda n: {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}  # noqa: E731
+            prompt_total = sum(prompts)
+            usage = lambda done: {"prompt_tokens": prompt_total, "completion_tokens": done, "total_tokens": prompt_total + done}  # noqa: E731
+            samples = [(i * n + j, tokens) for i, tokens in enumerate(prompts) for j in range(n)]
 
-            def choice(text: str, finish: str | None, stream: bool) -> dict:
+            def choice(index: int, text: str, finish: str | None, stream: bool) -> dict:
                 if kind == "chat":
                     key = "delta" if stream else "message"
-                    return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
-                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+                    return {"index": index, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+                return {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
 
             if not body.get("stream"):
-                parts = [w async for w in engine._generate(prompt_tokens, max_tokens)]
+                async def sample(tokens: int) -> list[str]:
+                    return [w async for w in engine._generate(tokens, max_tokens)]
+
+                texts = await asyncio.gather(*(sample(tokens) for _, tokens in samples))
                 return JSONResponse({"id": rid, "object": obj, "created": created, "model": engine.model_id,
-                                     "choices": [choice("".join(parts), "length", False)], "usage": usage(len(parts))})
+                                     "choices": [choice(index, "".join(parts), "length", False)
+                                                 for (index, _), parts in zip(samples, texts)],
+                                     "usage": usage(sum(len(parts) for parts in texts))})
 
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+            def event(choices: list[dict], **extra) -> str:
+                return f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': engine.model_id, 'choices': choices, **extra})}\n\n"
 
             async def sse():
-                n = 0
-                chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                async for w in engine._generate(prompt_tokens, max_tokens):
-                    n += 1
-                    yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': engine.model_id, 'choices': [choice(w, None, True)]})}\n\n"
-                final = {"id": rid, "object": chunk_obj, "created": created, "model": engine.model_id, "choices": [choice('', 'length', True)]}
-                yield f"data: {json.dumps(final)}\n\n"
+                words: asyncio.Queue = asyncio.Queue()
+
+                async def sample(index: int, tokens: int) -> None:
+                    async for w in engine._generate(tokens, max_tokens):
+                        await words.put((index, w))
+                    await words.put((index, None))
+
+                tasks = [asyncio.create_task(sample(index, tokens)) for index, tokens in samples]
+                done = finished = 0
+                try:
+                    while finished < len(samples):
+                        index, w = await words.get()
+                        if w is None:
+                            finished += 1
+                            yield event([choice(index, "", "length", True)])
+                        else:
+                            done += 1
+                            yield event([choice(index, w, None, True)])
+                finally:
+                    for t in tasks:
+                        t.cancel()
                 if include_usage:
-                    yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': engine.model_id, 'choices': [], 'usage': usage(n)})}\n\n"
+                    yield event([], usage=usage(done))
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(sse(), media_type="text/event-stream")
@@ -187,7 +216,7 @@ class SimEngine(EngineBase):
             if not isinstance(messages, list) or not messages:
                 return openai_error(400, "'messages' must be a non-empty list", param="messages")
             text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            return await respond(body, count_tokens(text), "chat")
+            return await respond(body, [count_tokens(text)], "chat")
 
         @app.post("/v1/completions")
         async def completions(request: Request):
@@ -197,8 +226,11 @@ class SimEngine(EngineBase):
             prompt = body.get("prompt")
             if not isinstance(prompt, (str, list)) or not prompt:
                 return openai_error(400, "'prompt' must be a string or a non-empty list", param="prompt")
-            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-            return await respond(body, count_tokens(text), "completion")
+            if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
+                prompts = [count_tokens(p) if isinstance(p, str) else max(1, len(p)) for p in prompt]
+            else:  # one string, or one prompt of token ids
+                prompts = [count_tokens(prompt) if isinstance(prompt, str) else len(prompt)]
+            return await respond(body, prompts, "completion")
 
         @app.post("/v1/embeddings")
         async def embeddings(request: Request):

@@ -15,6 +15,7 @@ then, or with ``HIVE_ENGINE_HTTP=0``, a Serve handle call (unary when not stream
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -28,6 +29,7 @@ from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStar
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.routing.policy import ReplicaView, choose_replica, queue_full
+from hive_apps.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
 
 log = logging.getLogger("ray.serve")
 
@@ -36,6 +38,8 @@ LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped 
 MAX_ATTEMPTS = 2
 RETRY_AFTER_S = 1
 JSON = ("content-type", "application/json")
+REPLICA_HEADER = "x-hive-replica"
+SPLITTABLE = (COMPLETIONS, CHAT)
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
 
 Reply = tuple[ResponseStart, bytes]
@@ -142,14 +146,40 @@ class ReplicaSet:
         log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
 
     async def call(self, req: ForwardedRequest) -> Reply:
-        """A non-streaming request: one unary call to the best replica, retried elsewhere on failure."""
+        """A non-streaming request: split over replicas when it carries many sequences, else one call."""
         busy = self._busy()
         if busy:
             return busy
+        split = self._plan_split(req)
+        if split is None:
+            return await self._call_one(req)
+        replies = await asyncio.gather(*(
+            self._call_one(req.model_copy(update={"body": json.dumps(part.body).encode()}), prefer=part.replica)
+            for part in split.parts))
+        failed = next((r for r in replies if r[0].status != 200), None)
+        if failed is not None:
+            return failed
+        merged = merge_answers(split, [json.loads(body) for _, body in replies])
+        served = ",".join(f"r{part.replica}" for part in split.parts)
+        return ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served)]), json.dumps(merged).encode()
+
+    def _plan_split(self, req: ForwardedRequest) -> Split | None:
+        if req.path not in SPLITTABLE or len(self.views) < 2:
+            return None
+        try:
+            body = json.loads(req.body)
+        except ValueError:
+            return None
+        return plan_split(req.path, body, self.replica_views()) if isinstance(body, dict) else None
+
+    async def _call_one(self, req: ForwardedRequest, prefer: int | None = None) -> Reply:
+        """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         tried: set[int] = set()
         last_error: Exception | None = None
         for _ in range(MAX_ATTEMPTS):
-            view = choose_replica(self.replica_views(), exclude=tried)
+            view = self.views.get(prefer) if prefer is not None and not tried else None
+            if view is None or not view.healthy:
+                view = choose_replica(self.replica_views(), exclude=tried)
             if view is None:
                 break
             tried.add(view.index)
@@ -157,9 +187,11 @@ class ReplicaSet:
             endpoint = self.endpoints.get(view.index)
             try:
                 if endpoint is None:
-                    return await self.handles[view.index].forward_unary.remote(req)
-                async with await self._post(endpoint, req) as resp:
-                    return _start_of(resp), await resp.read()
+                    start, body = await self.handles[view.index].forward_unary.remote(req)
+                else:
+                    async with await self._post(endpoint, req) as resp:
+                        start, body = _start_of(resp), await resp.read()
+                return _served_by(start, view.index), body
             except Exception as e:
                 last_error = e
                 self._failed(view, e)
@@ -187,12 +219,12 @@ class ReplicaSet:
             try:
                 if endpoint is None:
                     async for item in self.streams[view.index].forward.remote(req):
+                        yield _served_by(item, view.index) if not started else item
                         started = True
-                        yield item
                     return
                 async with await self._post(endpoint, req) as resp:
                     started = True
-                    yield _start_of(resp)
+                    yield _served_by(_start_of(resp), view.index)
                     async for chunk in resp.content.iter_any():
                         yield chunk
                 return
@@ -210,3 +242,8 @@ class ReplicaSet:
 
 def _start_of(resp: aiohttp.ClientResponse) -> ResponseStart:
     return ResponseStart(status=resp.status, headers=list(resp.headers.items()))
+
+
+def _served_by(start: ResponseStart, index: int) -> ResponseStart:
+    """Tell the client which replica answered (``x-hive-replica: r1``), for debugging and tests."""
+    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, f"r{index}")]})

@@ -37,3 +37,28 @@ def test_dead_replica_is_retried_elsewhere(clean):
     body = {"model": "pair", "max_tokens": 2, "messages": [{"role": "user", "content": "anyone there?"}]}
     codes = [hive.api.post("/v1/chat/completions", json=body).status_code for _ in range(20)]
     assert codes == [200] * 20
+
+
+def test_prompt_lists_and_n_are_split_across_replicas(clean):
+    hive = clean
+    r = hive.deploy(model_id="wide", model=SIM_MODEL, engine="sim", gpu=["node-a:gpu0", "node-b:gpu0"], replicas=2,
+                    vllm_kwargs={"sim_tokens_per_s": 200})
+    assert r.status_code == 200, r.text
+    prompts = [f"prompt number {i}" for i in range(6)]
+    out = hive.api.post("/v1/completions", json={"model": "wide", "prompt": prompts, "max_tokens": 3})
+    assert out.status_code == 200, out.text
+    assert sorted(out.headers["x-hive-replica"].split(",")) == ["r0", "r1"]
+    body = out.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert body["usage"]["completion_tokens"] == 18
+
+    chat = {"model": "wide", "n": 4, "max_tokens": 2, "messages": [{"role": "user", "content": "four ways"}]}
+    out = hive.api.post("/wide/v1/chat/completions", json=chat)
+    assert out.status_code == 200, out.text
+    assert sorted(out.headers["x-hive-replica"].split(",")) == ["r0", "r1"]
+    assert [c["index"] for c in out.json()["choices"]] == [0, 1, 2, 3]
+
+    # a seed keeps the samples on one replica, so the answer stays reproducible
+    out = hive.api.post("/v1/chat/completions", json={**chat, "seed": 3})
+    assert out.status_code == 200 and out.headers["x-hive-replica"] in ("r0", "r1")
+    assert len(out.json()["choices"]) == 4

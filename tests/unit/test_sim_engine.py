@@ -75,3 +75,18 @@ async def test_embeddings_deterministic_and_base64():
 async def test_failure_injection():
     with pytest.raises(RuntimeError, match="sim_fail_start"):
         await engine(sim_fail_start=True)
+
+
+async def test_prompt_lists_and_n_answer_like_vllm():
+    e = await engine(sim_tokens_per_s=5000)
+    status, body = await e.call_json("/v1/completions", {"model": "sim-model", "prompt": ["aaaa", "bbbbbbbb", "cc"],
+                                                         "n": 2, "max_tokens": 3})
+    assert status == 200
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert body["usage"] == {"prompt_tokens": 1 + 2 + 1, "completion_tokens": 18, "total_tokens": 22}
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "n": 3, "max_tokens": 2,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and len(body["choices"]) == 3 and body["usage"]["completion_tokens"] == 6
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "n": 0,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and body["error"]["param"] == "n"
