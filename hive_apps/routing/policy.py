@@ -3,8 +3,11 @@
 load     = requests this router has in flight to the replica
            + the engine's own running and waiting requests not already counted
 capacity = the replica's planned max_num_seqs
-score    = load / capacity; ties go to the lower absolute load, then to the faster replica
-           (planned tokens/s per sequence), then to the larger one, then to the lower index.
+score    = the larger of load / capacity and queued prompt tokens / max_num_batched_tokens
+           (prompts this router sent that have not started answering: a few huge prompts
+           fill a replica's prefill budget long before its sequence slots);
+           ties go to the lower absolute load, then to the faster replica (planned tokens/s
+           per sequence), then to the larger one, then to the lower index.
 
 A replica with max_num_seqs 256 on an H100 therefore takes about eight times the
 requests of one with 32 on an L4 before they look equally busy.
@@ -25,16 +28,23 @@ class ReplicaView(BaseModel):
     engine_waiting: int = 0
     healthy: bool = True
     seq_tokens_per_s: float = 0.0  # the plan's throughput estimate / max_num_seqs
+    queued_tokens: int = 0  # prompt tokens sent by this router and not yet answering
+    token_budget: int = 8192  # planned max_num_batched_tokens
 
     @classmethod
     def of_plan(cls, rp: ReplicaPlan) -> "ReplicaView":
         seqs = max(1, rp.settings.max_num_seqs)
-        return cls(index=rp.index, capacity=seqs, seq_tokens_per_s=(rp.expected_tokens_per_s or 0.0) / seqs)
+        return cls(index=rp.index, capacity=seqs, seq_tokens_per_s=(rp.expected_tokens_per_s or 0.0) / seqs,
+                   token_budget=max(1, rp.settings.max_num_batched_tokens))
 
     @property
     def load(self) -> int:
         # The engine's counts include this router's requests once they reach it.
         return max(self.in_flight, self.engine_running + self.engine_waiting)
+
+    @property
+    def pressure(self) -> float:
+        return max(self.load / max(1, self.capacity), self.queued_tokens / max(1, self.token_budget))
 
 
 def queue_full(replicas: list[ReplicaView], bound: int) -> bool:
@@ -49,4 +59,9 @@ def choose_replica(replicas: list[ReplicaView], exclude: set[int] = frozenset())
     candidates = [r for r in replicas if r.healthy and r.index not in exclude]
     if not candidates:
         return None
-    return min(candidates, key=lambda r: (r.load / max(1, r.capacity), r.load, -r.seq_tokens_per_s, -r.capacity, r.index))
+    return min(candidates, key=lambda r: (r.pressure, r.load, -r.seq_tokens_per_s, -r.capacity, r.index))
+
+
+def prompt_tokens_estimate(body: bytes) -> int:
+    """A cheap upper-side guess of a request's prompt tokens: about four bytes per token."""
+    return len(body) // 4

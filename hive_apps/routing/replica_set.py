@@ -15,6 +15,7 @@ then, or with ``HIVE_ENGINE_HTTP=0``, a Serve handle call (unary when not stream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -28,7 +29,7 @@ from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import Plan, ReplicaPlan
-from hive_apps.routing.policy import ReplicaView, choose_replica, queue_full
+from hive_apps.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate, queue_full
 from hive_apps.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
 
 log = logging.getLogger("ray.serve")
@@ -176,6 +177,7 @@ class ReplicaSet:
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         tried: set[int] = set()
         last_error: Exception | None = None
+        tokens = prompt_tokens_estimate(req.body)
         for _ in range(MAX_ATTEMPTS):
             view = self.views.get(prefer) if prefer is not None and not tried else None
             if view is None or not view.healthy:
@@ -184,6 +186,7 @@ class ReplicaSet:
                 break
             tried.add(view.index)
             view.in_flight += 1
+            view.queued_tokens += tokens
             endpoint = self.endpoints.get(view.index)
             try:
                 if endpoint is None:
@@ -197,6 +200,7 @@ class ReplicaSet:
                 self._failed(view, e)
             finally:
                 view.in_flight -= 1
+                view.queued_tokens -= tokens
         return self._unavailable(last_error)
 
     async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
@@ -208,25 +212,29 @@ class ReplicaSet:
             return
         tried: set[int] = set()
         last_error: Exception | None = None
+        tokens = prompt_tokens_estimate(req.body)
         for _ in range(MAX_ATTEMPTS):
             view = choose_replica(self.replica_views(), exclude=tried)
             if view is None:
                 break
             tried.add(view.index)
             view.in_flight += 1
+            view.queued_tokens += tokens
+            queued = tokens  # released at the first body bytes: the prompt is past prefill
             endpoint = self.endpoints.get(view.index)
             started = False
             try:
                 if endpoint is None:
-                    async for item in self.streams[view.index].forward.remote(req):
-                        yield _served_by(item, view.index) if not started else item
-                        started = True
-                    return
-                async with await self._post(endpoint, req) as resp:
-                    started = True
-                    yield _served_by(_start_of(resp), view.index)
-                    async for chunk in resp.content.iter_any():
-                        yield chunk
+                    replies = _relay(self.streams[view.index].forward.remote(req))
+                else:
+                    replies = _reply_of(await self._post(endpoint, req))
+                async with contextlib.aclosing(replies):  # a client that leaves closes the engine's stream too
+                    async for item in replies:
+                        if not started:
+                            item, started = _served_by(item, view.index), True
+                        elif queued:
+                            view.queued_tokens, queued = view.queued_tokens - queued, 0
+                        yield item
                 return
             except Exception as e:
                 if started:
@@ -235,6 +243,7 @@ class ReplicaSet:
                 self._failed(view, e)
             finally:
                 view.in_flight -= 1
+                view.queued_tokens -= queued
         start, body = self._unavailable(last_error)
         yield start
         yield body
@@ -242,6 +251,19 @@ class ReplicaSet:
 
 def _start_of(resp: aiohttp.ClientResponse) -> ResponseStart:
     return ResponseStart(status=resp.status, headers=list(resp.headers.items()))
+
+
+async def _relay(items: AsyncIterator) -> AsyncIterator:
+    async for item in items:
+        yield item
+
+
+async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncIterator[ResponseStart | bytes]:
+    """An engine's HTTP reply in the shape a Serve stream has: its start, then body chunks."""
+    async with resp:
+        yield _start_of(resp)
+        async for chunk in resp.content.iter_any():
+            yield chunk
 
 
 def _served_by(start: ResponseStart, index: int) -> ResponseStart:

@@ -101,3 +101,29 @@ async def test_load_is_polled_over_the_port_once_it_is_known():
     await asyncio.sleep(0)
     assert h.calls["endpoint"] == 1 and h.calls["load"] == 1, h.calls
     assert rs.views[0].healthy
+
+
+async def test_streams_over_the_port_and_release_their_queued_tokens():
+    from hive_apps.engine.protocol import ResponseStart
+
+    e = await engine(sim_tokens_per_s=200)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    rs.start()
+    for _ in range(100):
+        if rs.endpoints[0]:
+            break
+        await asyncio.sleep(0.05)
+    req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                           body=json.dumps({**CHAT, "max_tokens": 4, "stream": True}).encode())
+    items, queued_while_waiting = [], None
+    async for item in rs.stream(req):
+        if not items:
+            queued_while_waiting = rs.views[0].queued_tokens
+        items.append(item)
+    start, body = items[0], b"".join(items[1:]).decode()
+    assert isinstance(start, ResponseStart) and ("x-hive-replica", "r0") in start.headers
+    assert body.rstrip().endswith("data: [DONE]") and body.count("data: ") == 4 + 1 + 1
+    assert queued_while_waiting == len(req.body) // 4 and rs.views[0].queued_tokens == 0
+    assert rs.views[0].in_flight == 0
+    rs.close()
+    await asyncio.sleep(0)

@@ -44,3 +44,15 @@ def test_idle_fleet_sends_the_first_request_to_the_fastest_replica():
     fast = ReplicaView(index=1, capacity=32, seq_tokens_per_s=120)
     same_speed_small = ReplicaView(index=2, capacity=7, seq_tokens_per_s=120)
     assert choose_replica([slow_big, same_speed_small, fast]).index == 1
+
+
+def test_queued_prompt_tokens_count_against_the_prefill_budget():
+    from hive_apps.routing.policy import ReplicaView, choose_replica
+
+    # r0 has two requests in flight but they carry long prompts; r1 has three short ones
+    r0 = ReplicaView(index=0, capacity=16, in_flight=2, queued_tokens=7000, token_budget=8192)
+    r1 = ReplicaView(index=1, capacity=16, in_flight=3, queued_tokens=300, token_budget=8192)
+    assert r0.pressure > r1.pressure
+    assert choose_replica([r0, r1]).index == 1
+    r0.queued_tokens = 0
+    assert choose_replica([r0, r1]).index == 0
