@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 
@@ -173,18 +173,23 @@ class ReplicaSet:
             return None
         return plan_split(req.path, body, self.replica_views()) if isinstance(body, dict) else None
 
-    async def _call_one(self, req: ForwardedRequest, prefer: int | None = None) -> Reply:
-        """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
+    def _attempts(self, prefer: int | None = None) -> Iterator[ReplicaView]:
+        """The replicas to try in turn: the preferred one if healthy, then the best not yet tried."""
         tried: set[int] = set()
-        last_error: Exception | None = None
-        tokens = prompt_tokens_estimate(req.body)
         for _ in range(MAX_ATTEMPTS):
             view = self.views.get(prefer) if prefer is not None and not tried else None
             if view is None or not view.healthy:
                 view = choose_replica(self.replica_views(), exclude=tried)
             if view is None:
-                break
+                return
             tried.add(view.index)
+            yield view
+
+    async def _call_one(self, req: ForwardedRequest, prefer: int | None = None) -> Reply:
+        """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
+        last_error: Exception | None = None
+        tokens = prompt_tokens_estimate(req.body)
+        for view in self._attempts(prefer):
             view.in_flight += 1
             view.queued_tokens += tokens
             endpoint = self.endpoints.get(view.index)
@@ -210,14 +215,9 @@ class ReplicaSet:
             yield busy[0]
             yield busy[1]
             return
-        tried: set[int] = set()
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
-        for _ in range(MAX_ATTEMPTS):
-            view = choose_replica(self.replica_views(), exclude=tried)
-            if view is None:
-                break
-            tried.add(view.index)
+        for view in self._attempts():
             view.in_flight += 1
             view.queued_tokens += tokens
             queued = tokens  # released at the first body bytes: the prompt is past prefill
