@@ -4,6 +4,8 @@ Holds one handle per engine replica, polls their live load every 250 ms and send
 request to the replica with the lowest load relative to its planned capacity
 (``routing/policy.py``). A replica that fails before answering is retried on another;
 when every replica is full and the model's queue bound is reached the answer is a 429.
+A request that carries many sequences (a list of prompts, n > 1) is split over replicas
+by free capacity (``routing/split.py``).
 
 The gateway keeps one ``ReplicaSet`` per ready model and calls the engines itself, so a
 request through ``/v1`` crosses one hop (gateway -> engine), like one through
@@ -21,7 +23,6 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
