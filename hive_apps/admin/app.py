@@ -36,6 +36,7 @@ REGISTRY_APP = "hive-registry"
 PLANNER_APP = "hive-planner"
 STATUS_POLL_S = 1.0
 HEAL_PERIOD_S = 2.0
+PICKLE_RACE_ATTEMPTS = 4
 
 
 class AdminError(Exception):
@@ -176,15 +177,26 @@ class Admin:
         return JSONResponse(body, status_code=200 if rec.status is ModelStatus.READY else 202)
 
     def _start_app(self, model_id: str, plan, max_queued_requests: int | None) -> None:
-        # Serve pickles apps with cloudpickle, whose by-value module registry is not
-        # thread-safe: concurrent run_many calls from the threadpool fail randomly.
-        with self._serve_lock:
-            app = build_model_app(model_id, plan, max_queued_requests)
-            serve.run_many(
-                [serve.RunTarget(app, name=model_id, route_prefix=f"/{model_id}")],
-                wait_for_ingress_deployment_creation=False,
-                wait_for_applications_running=False,
-            )
+        # Serve pickles apps with cloudpickle, whose by-value module registry is global and not
+        # thread-safe: concurrent run_many calls from the threadpool fail randomly, so they take
+        # a lock. Serve's own handle threads touch the same registry (every RequestRouterConfig
+        # registers and unregisters its module), which no lock of ours covers; that race fails
+        # the build before anything reaches the controller, so it is retried.
+        for attempt in range(1, PICKLE_RACE_ATTEMPTS + 1):
+            try:
+                with self._serve_lock:
+                    app = build_model_app(model_id, plan, max_queued_requests)
+                    serve.run_many(
+                        [serve.RunTarget(app, name=model_id, route_prefix=f"/{model_id}")],
+                        wait_for_ingress_deployment_creation=False,
+                        wait_for_applications_running=False,
+                    )
+                return
+            except ValueError as e:
+                if "registered for pickle by value" not in str(e) or attempt == PICKLE_RACE_ATTEMPTS:
+                    raise
+                log.warning("building app %s raced Serve's pickle registry (attempt %d): %s", model_id, attempt, e)
+                time.sleep(0.2 * attempt)
 
     def _watch(self, model_id: str) -> None:
         self.done[model_id] = asyncio.Event()

@@ -57,7 +57,8 @@ def test_engines_sharing_a_device_start_one_at_a_time(clean):
     hive = clean
     device = "node-a:gpu1"
     for name in ("share-a", "share-b"):
-        assert hive.deploy(wait=False, **small_spec(name, device, sim_start_delay_s=2)).status_code == 202
+        r = hive.deploy(wait=False, **small_spec(name, device, sim_start_delay_s=2))
+        assert r.status_code == 202, r.text
     deadline = time.time() + 120
     while {hive.admin.get(f"/models/{n}").json()["status"] for n in ("share-a", "share-b")} != {"ready"}:
         assert time.time() < deadline

@@ -7,7 +7,8 @@ constrains a named or required call with a structural tag and pins the argument 
 strict tools, and with only enum values even a random model must finish a valid call
 within a few tokens. (Without ``strict`` the arguments are only held to be JSON.) The
 structural tag lets JSON whitespace through, which a random model would pad forever, so
-tool requests carry a logit_bias that rules out whitespace-only tokens."""
+tool requests carry a logit_bias that rules out whitespace-only tokens, and room enough
+(200 tokens: the tiny vocabulary spends about one token per character) to close the call."""
 
 import asyncio
 import base64
@@ -128,7 +129,7 @@ def test_embeddings_base64_matches_float(hive, tiny, minilm_path):
 def test_named_tool_choice_returns_a_valid_call(hive, tiny, no_padding):
     for client in openai_clients(hive, "tiny"):
         out = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER, CLOCK], tool_choice=NAMED,
-                                             max_tokens=60, logit_bias=no_padding)
+                                             max_tokens=200, logit_bias=no_padding)
         (call,) = out.choices[0].message.tool_calls
         assert call.function.name == "get_weather" and valid_call(call.function.name, call.function.arguments)
 
@@ -136,7 +137,7 @@ def test_named_tool_choice_returns_a_valid_call(hive, tiny, no_padding):
 def test_required_and_none_tool_choice(hive, tiny, no_padding):
     client = openai_clients(hive, "tiny")[0]
     out = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER, CLOCK], tool_choice="required",
-                                         parallel_tool_calls=False, max_tokens=80, logit_bias=no_padding)
+                                         parallel_tool_calls=False, max_tokens=200, logit_bias=no_padding)
     calls = out.choices[0].message.tool_calls
     assert len(calls) == 1 and valid_call(calls[0].function.name, calls[0].function.arguments)
     out = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER], tool_choice="none", max_tokens=4)
@@ -146,7 +147,7 @@ def test_required_and_none_tool_choice(hive, tiny, no_padding):
 def test_streamed_tool_call_arguments_add_up(hive, tiny, no_padding):
     client = openai_clients(hive, "tiny")[1]
     stream = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER], tool_choice=NAMED,
-                                            max_tokens=60, stream=True, logit_bias=no_padding)
+                                            max_tokens=200, stream=True, logit_bias=no_padding)
     names, arguments = set(), ""
     for chunk in stream:
         for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
@@ -187,7 +188,10 @@ def test_langchain_chat_openai(hive, tiny, no_padding):
         msg = llm.invoke("hello there")
         assert isinstance(msg.content, str) and msg.usage_metadata["output_tokens"] >= 1
         assert "".join(chunk.content for chunk in llm.stream("hello there")) == msg.content
-        caller = ChatOpenAI(model="tiny", base_url=base_url, api_key=API_KEY, max_tokens=60, logit_bias=no_padding)
+        caller = ChatOpenAI(model="tiny", base_url=base_url, api_key=API_KEY, max_tokens=200, temperature=0,
+                            logit_bias=no_padding)
         tools = caller.bind_tools([WEATHER], tool_choice="get_weather", strict=True)
-        call = tools.invoke("weather in Rome?").tool_calls[0]
+        answer = tools.invoke("weather in Rome?")
+        assert answer.tool_calls, (answer.content, answer.invalid_tool_calls, answer.response_metadata)
+        call = answer.tool_calls[0]
         assert call["name"] == "get_weather" and valid_call("get_weather", json.dumps(call["args"]))
