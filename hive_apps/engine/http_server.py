@@ -3,7 +3,8 @@
 A Serve handle call costs about 8 ms and much CPU on a small machine (benchmarks/
 bench_gateway.py); a keep-alive HTTP request to uvicorn costs about 0.5 ms. So every
 engine replica also serves its ASGI app on a port of its node, and routers send requests
-there, keeping the Serve handle for load polls, lifecycle and as the fallback.
+and load polls there, keeping the Serve handle for learning the port, lifecycle and as the
+fallback.
 
 The port is closed to everyone without the replica's token: a random secret made at start
 that only travels over Ray (``endpoint()`` on the handle), so nothing outside the cluster's

@@ -82,7 +82,7 @@ class Gateway:
         if fields.model not in models:
             known = ", ".join(models) or "none yet"
             return openai_error(404, f"The model `{fields.model}` does not exist or is not ready (ready models: {known}).", "model")
-        return await respond(self._replicas(models[fields.model]), req, fields.stream)
+        return await respond(self._replicas(models[fields.model]), req, fields)
 
 
 def build(_: dict | None = None):

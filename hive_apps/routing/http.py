@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -20,8 +20,6 @@ log = logging.getLogger("ray.serve")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 PASSED_HEADERS = {"content-type", "accept", "x-request-id"}
-
-
 # Set again by whoever sends the response on; passing them on would duplicate them.
 HOP_HEADERS = {"content-length", "content-type", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
@@ -44,27 +42,28 @@ async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
 class BodyFields(NamedTuple):
     model: str | None  # the OpenAI ``model`` field, if the body is JSON and has one
     stream: bool  # the body asks for a streamed (SSE) answer
+    body: dict[str, Any] | None  # the parsed body, when it is a JSON object (for splitting)
 
 
 def body_fields(req: ForwardedRequest) -> BodyFields:
-    """The two fields routing needs from an OpenAI body, read once."""
+    """What routing needs from an OpenAI body, parsed once per request."""
     if not req.body:
-        return BodyFields(None, False)
+        return BodyFields(None, False, None)
     try:
         body = json.loads(req.body)
     except ValueError:
-        return BodyFields(None, False)
+        return BodyFields(None, False, None)
     if not isinstance(body, dict):
-        return BodyFields(None, False)
+        return BodyFields(None, False, None)
     model = body.get("model")
-    return BodyFields(model if isinstance(model, str) else None, body.get("stream") is True)
+    return BodyFields(model if isinstance(model, str) else None, body.get("stream") is True, body)
 
 
-async def respond(replicas: "ReplicaSet", req: ForwardedRequest, stream: bool) -> Response:
+async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFields) -> Response:
     """Answer through a model's replicas: a unary call, or a stream when the body asks for one."""
-    if stream:
+    if fields.stream:
         return await to_response(replicas.stream(req))
-    start, body = await replicas.call(req)
+    start, body = await replicas.call(req, fields.body)
     return Response(body, status_code=start.status, headers=_passed_headers(start), media_type=start.content_type)
 
 

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 from ray import serve
@@ -147,12 +148,15 @@ class ReplicaSet:
         self.endpoints[view.index] = None  # a restarted replica has a new port
         log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
 
-    async def call(self, req: ForwardedRequest) -> Reply:
-        """A non-streaming request: split over replicas when it carries many sequences, else one call."""
+    async def call(self, req: ForwardedRequest, body: dict[str, Any] | None) -> Reply:
+        """A non-streaming request: split over replicas when it carries many sequences, else one call.
+
+        ``body`` is ``req.body`` as the caller already parsed it (None when it is not a JSON object).
+        """
         busy = self._busy()
         if busy:
             return busy
-        split = self._plan_split(req)
+        split = self._plan_split(req.path, body)
         if split is None:
             return await self._call_one(req)
         replies = await asyncio.gather(*(
@@ -165,14 +169,10 @@ class ReplicaSet:
         served = ",".join(f"r{part.replica}" for part in split.parts)
         return ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served)]), json.dumps(merged).encode()
 
-    def _plan_split(self, req: ForwardedRequest) -> Split | None:
-        if req.path not in SPLITTABLE or len(self.views) < 2:
+    def _plan_split(self, path: str, body: dict[str, Any] | None) -> Split | None:
+        if body is None or path not in SPLITTABLE or len(self.views) < 2:
             return None
-        try:
-            body = json.loads(req.body)
-        except ValueError:
-            return None
-        return plan_split(req.path, body, self.replica_views()) if isinstance(body, dict) else None
+        return plan_split(path, body, self.replica_views())
 
     def _attempts(self, prefer: int | None = None) -> Iterator[ReplicaView]:
         """The replicas to try in turn: the preferred one if healthy, then the best not yet tried."""

@@ -36,7 +36,7 @@ class Router:
             req = await read_forwarded(request, path or "/")
         except BodyTooLarge:
             return too_large()
-        return await respond(self.replicas, req, body_fields(req).stream)
+        return await respond(self.replicas, req, body_fields(req))
 
 
 def router_deployment():

@@ -74,7 +74,7 @@ async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
 
     slow = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
                             body=json.dumps({**CHAT, "max_tokens": 40}).encode())  # 2 s each
-    calls = [asyncio.create_task(rs.call(slow)) for _ in range(2)]
+    calls = [asyncio.create_task(rs.call(slow, json.loads(slow.body))) for _ in range(2)]
     for _ in range(30):
         if [e.in_flight for e in engines] == [1, 1]:
             break
@@ -87,7 +87,7 @@ async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
     asked = handles[0].calls["endpoint"]
     rs.views[0].in_flight = rs.views[1].in_flight = 0
     quick = slow.model_copy(update={"body": json.dumps(CHAT).encode()})
-    start, body = await rs.call(quick)
+    start, body = await rs.call(quick, json.loads(quick.body))
     assert start.status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
     assert rs.endpoints[0] is None or handles[0].calls["endpoint"] > asked, "a refused port is forgotten and asked again"
     rs.close()
