@@ -83,13 +83,15 @@ async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
     assert [s.status for s, _ in await asyncio.gather(*calls)] == [200, 200]
     assert all(h.calls.get("forward_unary", 0) == 0 for h in handles.values()), "the HTTP path, not the handle"
 
+    rs._poller.cancel()  # no poll between here and the call: r0 still looks healthy with its old port
+    for view in rs.views.values():  # both idle, as the engines are now: the tie goes to r0
+        view.engine_running = view.engine_waiting = 0
     await engines[0].http.stop()
-    asked = handles[0].calls["endpoint"]
-    rs.views[0].in_flight = rs.views[1].in_flight = 0
     quick = slow.model_copy(update={"body": json.dumps(CHAT).encode()})
     start, body = await rs.call(quick, json.loads(quick.body))
     assert start.status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
-    assert rs.endpoints[0] is None or handles[0].calls["endpoint"] > asked, "a refused port is forgotten and asked again"
+    assert ("x-hive-replica", "r1") in start.headers, "r0 (the tie-break pick) refused; r1 answered"
+    assert rs.endpoints[0] is None and not rs.views[0].healthy, "a refused port is forgotten until the next poll"
     rs.close()
     await asyncio.sleep(0)
 
