@@ -2,65 +2,116 @@
 
 Serve replicas inherit the environment of the Ray node they run on, so a value exported
 before ``ray start`` (or set in a RayService container) reaches every hive deployment.
-``serve_configs/hive.yaml`` documents each variable.
+Every variable is a typed field below; ``serve_configs/hive.yaml`` lists them for operators.
+Booleans accept ``0/1/true/false/on/off/yes/no`` everywhere. A bad value stops the component
+at start with a message naming the variable and what it accepts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 log = logging.getLogger("ray.serve")
 
-
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
+ENV_PREFIX = "HIVE_"
+RACY_S = 2.0
 
 
-class HiveSettings(BaseModel):
-    admin_token: str | None = Field(None, description="Bearer token for /admin (HIVE_ADMIN_TOKEN).")
-    api_keys: list[str] = Field(default_factory=list, description="Keys for /v1 and /<model>/v1 (HIVE_API_KEYS, comma separated).")
-    api_keys_file: Path | None = Field(None, description="A file with one API key per line (HIVE_API_KEYS_FILE).")
-    auth_disabled: bool = Field(False, description="HIVE_AUTH_DISABLED=1 turns auth off where no token/key is set.")
-    memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the hive may plan on.")
-    monitor_interval_s: float = Field(1.0, gt=0, description="How often the registry samples every node's devices.")
+class SettingsError(ValueError):
+    """A ``HIVE_*`` variable has a value the hive cannot use."""
+
+
+class HiveSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    admin_token: str | None = Field(None, description="Bearer token for /admin (required unless auth is disabled).")
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated API keys for /v1 and /<model_id>/v1.")
+    api_keys_file: Path | None = Field(None, description="A file with one API key per line, re-read when it changes.")
+    auth_disabled: bool = Field(False, description="Allow requests where no token/key is configured (logs a warning).")
+    memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the planner may use.")
+    monitor_interval_s: float = Field(1.0, gt=0, description="Seconds between device samples of every node.")
     deploy_timeout_s: float = Field(900.0, gt=0, description="Deadline for every replica of a deploy to become ready.")
-    pending_reservation_ttl_s: float = Field(960.0, gt=0, description="A reservation whose engine never comes up is freed after this.")
-    self_heal: bool = Field(True, description="Replace replicas lost with their node (HIVE_SELF_HEAL=0 turns it off).")
-    engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port (HIVE_ENGINE_HTTP=0: Serve handles only).")
-    state_namespace: str = Field("ray-hive", description="Ray internal-KV namespace for durable state.")
+    pending_reservation_ttl_s: float = Field(960.0, gt=0, description="Free a reservation whose engine never came up after this.")
+    self_heal: bool = Field(True, description="Replace replicas lost with their node where capacity exists.")
+    heal_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between self-healing attempts of one model (doubles from 2 s).")
+    engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
+    state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
+    kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _comma_separated(cls, v):
+        if isinstance(v, str):
+            return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("admin_token", "api_keys_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v):
+        return None if v == "" else v
 
     @classmethod
     def from_env(cls) -> "HiveSettings":
-        keys = _env("HIVE_API_KEYS")
-        keys_file = _env("HIVE_API_KEYS_FILE")
-        return cls(
-            admin_token=_env("HIVE_ADMIN_TOKEN"),
-            api_keys=[k.strip() for k in keys.split(",") if k.strip()] if keys else [],
-            api_keys_file=Path(keys_file) if keys_file else None,
-            auth_disabled=_env("HIVE_AUTH_DISABLED", "0").lower() in ("1", "true", "yes"),
-            memory_budget_fraction=float(_env("HIVE_MEMORY_BUDGET_FRACTION", "0.90")),
-            monitor_interval_s=float(_env("HIVE_MONITOR_INTERVAL_S", "1.0")),
-            deploy_timeout_s=float(_env("HIVE_DEPLOY_TIMEOUT_S", "900")),
-            pending_reservation_ttl_s=float(_env("HIVE_PENDING_RESERVATION_TTL_S", "960")),
-            self_heal=_env("HIVE_SELF_HEAL", "1").lower() not in ("0", "false", "no"),
-            engine_http=_env("HIVE_ENGINE_HTTP", "1").lower() not in ("0", "false", "no"),
-            state_namespace=_env("HIVE_STATE_NAMESPACE", "ray-hive"),
-            model_cache_dir=Path(_env("HIVE_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "ray-hive"))),
-        )
+        """Read the environment; a bad value raises ``SettingsError`` naming the variable."""
+        try:
+            return cls()
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                name = ENV_PREFIX + str(err["loc"][0]).upper() if err.get("loc") else "HIVE_*"
+                field = cls.model_fields.get(str(err["loc"][0])) if err.get("loc") else None
+                accepted = _accepted(field.annotation) if field else ""
+                problems.append(f"{name}={os.environ.get(name, '')!r}: {err['msg']}{accepted}")
+            raise SettingsError("invalid hive settings: " + "; ".join(problems)) from None
 
     def current_api_keys(self) -> set[str]:
-        """Keys from the environment plus the key file, read on every call so edits apply without restart."""
-        keys = set(self.api_keys)
-        if self.api_keys_file and self.api_keys_file.exists():
-            keys.update(line.strip() for line in self.api_keys_file.read_text().splitlines() if line.strip())
-        return keys
+        """Keys from the environment plus the key file (re-read only when the file changes)."""
+        return set(self.api_keys) | _key_file.read(self.api_keys_file)
+
+
+def _accepted(annotation) -> str:
+    if annotation is bool:
+        return " (accepted: 0/1, true/false, on/off, yes/no)"
+    if annotation is float or annotation is int:
+        return " (accepted: a number)"
+    return ""
+
+
+class _KeyFile:
+    """The API-key file, parsed again only when its modification time or size changed."""
+
+    def __init__(self) -> None:
+        self._stamp: tuple | None = None
+        self._keys: set[str] = set()
+
+    def read(self, path: Path | None) -> set[str]:
+        if path is None:
+            return set()
+        try:
+            st = path.stat()
+        except OSError:
+            self._stamp, self._keys = None, set()
+            return set()
+        stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+        # A file written twice within one mtime tick keeps its stamp: while the stamp is that
+        # young, read it again ("racy" stamps, as git treats its index).
+        if stamp != self._stamp or time.time() - st.st_mtime < RACY_S:
+            lines = path.read_text().splitlines()
+            self._keys = {s for s in (line.strip() for line in lines) if s and not s.startswith("#")}
+            self._stamp = stamp
+        return self._keys
+
+
+_key_file = _KeyFile()
 
 
 @lru_cache(maxsize=1)

@@ -1,42 +1,41 @@
-"""The ``hive-admin`` Serve app at ``/admin``: validate, plan, reserve, add and remove model apps.
+"""The ``hive-admin`` Serve app at ``/admin``: validate, plan, and ask the registry for transitions.
 
-Durable state (model records, reservations) lives in the registry, so this replica can be
-killed at any time: on start it resumes watching every deploy still in progress.
-Model apps are added imperatively with ``serve.run_many`` without blocking, and a watcher
-polls ``serve.status()`` against a deadline (``serve.run`` itself has no timeout).
+The registry owns every model record and reservation; this replica only asks it for named
+transitions (``registry/control.py``) and runs one reconciler loop per model
+(``admin/reconciler.py``) that builds, watches, heals and removes model apps. Any of that
+can be killed at any time: a new admin replica long-polls the registry, finds every model
+whose record is not settled and resumes its loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
+from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
-from ray.serve.schema import ApplicationStatus
 
-from hive_apps.admin.failures import failure_reason
-from hive_apps.admin.model_app import build_model_app
+from hive_apps import names
+from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse
 from hive_apps.auth import check_admin_token, warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
-from hive_apps.registry.records import STARTING, ModelRecord, ModelStatus, Reservation
+from hive_apps.cluster import get_cluster
+from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
 
 log = logging.getLogger("ray.serve")
 
-REGISTRY_APP = "hive-registry"
-PLANNER_APP = "hive-planner"
-STATUS_POLL_S = 1.0
-HEAL_PERIOD_S = 2.0
-PICKLE_RACE_ATTEMPTS = 4
+WATCH_S = 30.0  # longest single long-poll of the registry
+SWEEP_S = 30.0  # how often apps that no record explains are looked for
+DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
 
 
 class AdminError(Exception):
@@ -84,59 +83,58 @@ def require_admin(request: Request) -> None:
         raise AdminError(401, reason)
 
 
-async def _engine_start_times(model_id: str, rec: ModelRecord) -> dict[str, float]:
-    """How long each engine took to start by itself, as the replicas measured it."""
-    out = {}
-    for rp in rec.plan.replicas:
-        try:
-            handle = serve.get_deployment_handle(f"engine-r{rp.index}", app_name=model_id)
-            info = await asyncio.wait_for(handle.info.remote(), timeout=10)
-            if "engine_start_s" in info:
-                out[f"r{rp.index}"] = round(info["engine_start_s"], 2)
-        except Exception as e:  # informational only
-            log.warning("no start time from %s/r%d: %s", model_id, rp.index, e)
-    return out
-
-
-def _app_status(model_id: str) -> tuple[str, str]:
-    apps = serve.status().applications
-    app_status = apps.get(model_id)
-    if app_status is None:
-        return "MISSING", "the app is not known to Serve"
-    messages = [app_status.message] + [d.message for d in app_status.deployments.values() if d.message]
-    return app_status.status, failure_reason(" | ".join(m for m in messages if m))
-
-
-def _delete_app(model_id: str) -> None:
-    if model_id in serve.status().applications:
-        serve.delete(model_id, _blocking=True)
-
-
 @serve.deployment(num_replicas=1, max_ongoing_requests=200, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class Admin:
+    """Validate, plan, ask the registry for transitions; the reconciler does the rest."""
+
     def __init__(self):
         self.settings = get_settings()
         warn_if_open(self.settings, "hive-admin")
-        self.watchers: dict[str, asyncio.Task] = {}
-        self._serve_lock = threading.Lock()
-        self.done: dict[str, asyncio.Event] = {}
-        self._resume = asyncio.get_event_loop().create_task(self._resume_watchers())
-        self._healer = asyncio.get_event_loop().create_task(self._heal_loop())
+        self.cluster = get_cluster()
+        self.reconciler = Reconciler(self.cluster, self.settings)
+        self._watcher = asyncio.get_event_loop().create_task(self._watch_records())
 
     @property
     def registry(self):
-        return serve.get_app_handle(REGISTRY_APP)
+        return self.cluster.app_handle(names.REGISTRY_APP)
 
     @property
     def planner(self):
-        return serve.get_app_handle(PLANNER_APP)
+        return self.cluster.app_handle(names.PLANNER_APP)
 
-    async def _resume_watchers(self) -> None:
-        for rec in await self.registry.list_models.remote():
-            if rec.status in STARTING:
-                log.info("resuming the watch of %s", rec.model_id)
-                self._watch(rec.model_id)
+    async def _watch_records(self) -> None:
+        """Wake the loop of every model whose record changed; sweep orphan apps now and then.
+
+        On start this resumes every deploy, heal and delete a previous admin left in flight.
+        """
+        after, swept_at = -1, 0.0
+        while True:
+            try:
+                view = await self.registry.watch.remote(after, WATCH_S)
+                changed = view.version != after
+                after = view.version
+                if changed:
+                    for rec in view.models:
+                        if rec.status is not ModelStatus.READY:
+                            self.reconciler.ensure(rec.model_id)
+                if time.time() - swept_at > SWEEP_S:
+                    swept_at = time.time()
+                    await self.reconciler.sweep(view.models)
+            except Exception as e:  # e.g. the registry is restarting
+                log.warning("watching the registry failed: %s", e)
+                await asyncio.sleep(1.0)
+
+    async def _wait_for(self, done: Callable[[dict[str, ModelRecord]], bool], timeout_s: float) -> dict[str, ModelRecord]:
+        """Long-poll the registry until ``done(records by id)`` or the timeout; the last records seen."""
+        deadline = time.monotonic() + timeout_s
+        after = -1
+        while True:
+            view = await self.registry.watch.remote(after, max(0.0, min(WATCH_S, deadline - time.monotonic())))
+            after = view.version
+            records = {r.model_id: r for r in view.models}
+            if done(records) or time.monotonic() >= deadline:
+                return records
 
     # --- deploy ------------------------------------------------------------------------
     async def _plan(self, spec: ModelSpec):
@@ -154,153 +152,25 @@ class Admin:
                                   "DELETE /admin/models/{id} first or choose another model_id", "model_id")
         plan = await self._plan(spec)
         record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
-        if existing is not None:  # a failed deploy may be retried under the same id
-            await self.registry.delete_model.remote(spec.model_id)
-        if not await self.registry.claim_model.remote(record):
-            raise AdminError(409, f"model_id {spec.model_id!r} was taken by a concurrent deploy", "model_id")
-        result = await self.registry.reserve.remote([Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas])
-        if not result.ok:
-            await self.registry.delete_model.remote(spec.model_id)
-            raise AdminError(result.status_code, result.message)
-        try:
-            await asyncio.to_thread(self._start_app, spec.model_id, plan, spec.max_queued_requests)
-        except Exception as e:  # Serve refused the app: undo everything
-            await self._cleanup(spec.model_id, f"Serve refused the app: {e}", delete_app=True)
-            raise AdminError(422, f"could not create the model app: {e}")
-        self._watch(spec.model_id)
+        reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
+        outcome = await self.registry.transition.remote("create", spec.model_id, record=record, reservations=reservations)
+        if not outcome.ok:
+            field = "model_id" if "model_id" in outcome.message else None
+            raise AdminError(outcome.status_code, outcome.message, field)
+        self.reconciler.ensure(spec.model_id)
+        rec = outcome.record
         if wait:
-            await self.done[spec.model_id].wait()
-        rec = await self.registry.get_model.remote(spec.model_id)
+            def settled(records: dict[str, ModelRecord]) -> bool:
+                r = records.get(spec.model_id)
+                return r is None or r.status is not ModelStatus.DEPLOYING
+
+            rec = (await self._wait_for(settled, self.settings.deploy_timeout_s + 60)).get(spec.model_id)
+            if rec is None:
+                raise AdminError(409, f"model {spec.model_id!r} was deleted while it deployed", "model_id")
         body = ModelStatusResponse.of(rec).model_dump(mode="json")
         if rec.status is ModelStatus.FAILED:
             return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
-        return JSONResponse(body, status_code=200 if rec.status is ModelStatus.READY else 202)
-
-    def _start_app(self, model_id: str, plan, max_queued_requests: int | None) -> None:
-        # Serve pickles apps with cloudpickle, whose by-value module registry is global and not
-        # thread-safe: concurrent run_many calls from the threadpool fail randomly, so they take
-        # a lock. Serve's own handle threads touch the same registry (every RequestRouterConfig
-        # registers and unregisters its module), which no lock of ours covers; that race fails
-        # the build before anything reaches the controller, so it is retried.
-        for attempt in range(1, PICKLE_RACE_ATTEMPTS + 1):
-            try:
-                with self._serve_lock:
-                    app = build_model_app(model_id, plan, max_queued_requests)
-                    serve.run_many(
-                        [serve.RunTarget(app, name=model_id, route_prefix=f"/{model_id}")],
-                        wait_for_ingress_deployment_creation=False,
-                        wait_for_applications_running=False,
-                    )
-                return
-            except ValueError as e:
-                if "registered for pickle by value" not in str(e) or attempt == PICKLE_RACE_ATTEMPTS:
-                    raise
-                log.warning("building app %s raced Serve's pickle registry (attempt %d): %s", model_id, attempt, e)
-                time.sleep(0.2 * attempt)
-
-    def _watch(self, model_id: str) -> None:
-        self.done[model_id] = asyncio.Event()
-        self.watchers[model_id] = asyncio.get_event_loop().create_task(self._watch_deploy(model_id))
-
-    async def _watch_deploy(self, model_id: str) -> None:
-        try:
-            deadline = time.time() + self.settings.deploy_timeout_s
-            while True:
-                rec = await self.registry.get_model.remote(model_id)
-                if rec is None or rec.status not in STARTING:
-                    return
-                status, message = await asyncio.to_thread(_app_status, model_id)
-                if status == ApplicationStatus.RUNNING:
-                    healed = rec.status is ModelStatus.HEALING
-                    rec.status, rec.healing_replicas = ModelStatus.READY, []
-                    if not healed:
-                        rec.ready_at = time.time()
-                    rec.engine_start_s = await _engine_start_times(model_id, rec)
-                    await self.registry.put_model.remote(rec)
-                    await self.registry.activate.remote(model_id)
-                    log.info("model %s ready after %.1fs", model_id, time.time() - rec.created_at)
-                    return
-                failed = status in (ApplicationStatus.DEPLOY_FAILED, ApplicationStatus.UNHEALTHY)
-                if failed or time.time() > deadline:
-                    reason = (f"an engine failed to start: {message}" if failed else
-                              f"not ready within {self.settings.deploy_timeout_s:.0f}s (HIVE_DEPLOY_TIMEOUT_S); "
-                              f"last status {status}: {message}")
-                    if rec.status is ModelStatus.HEALING:
-                        await self._heal_failed(rec, reason)
-                    else:
-                        await self._cleanup(model_id, reason, delete_app=True)
-                    return
-                await asyncio.sleep(STATUS_POLL_S)
-        except Exception as e:
-            log.exception("watching %s failed", model_id)
-            await self._cleanup(model_id, f"internal error while deploying: {e}", delete_app=True)
-        finally:
-            self.done.setdefault(model_id, asyncio.Event()).set()
-
-    async def _cleanup(self, model_id: str, reason: str, delete_app: bool) -> None:
-        """A failed deploy leaves no app and no reservation; the record says why."""
-        log.warning("deploy of %s failed: %s", model_id, reason)
-        if delete_app:
-            await asyncio.to_thread(_delete_app, model_id)
-        await self.registry.release.remote(model_id)
-        rec = await self.registry.get_model.remote(model_id)
-        if rec is not None:
-            rec.status, rec.message = ModelStatus.FAILED, reason
-            await self.registry.put_model.remote(rec)
-
-    # --- self-healing -------------------------------------------------------------------
-    async def _heal_loop(self) -> None:
-        while True:
-            await asyncio.sleep(HEAL_PERIOD_S)
-            if not self.settings.self_heal:
-                continue
-            try:
-                for rec in await self.registry.list_models.remote():
-                    if rec.status is ModelStatus.DEGRADED and rec.lost_replicas:
-                        await self._heal(rec)
-            except Exception as e:  # e.g. the registry is restarting; the next pass retries
-                log.warning("self-healing pass failed: %s", e)
-
-    async def _heal(self, rec: ModelRecord) -> None:
-        """Place replacements for replicas lost with their node, where capacity exists."""
-        lost = sorted(int(k[1:]) for k in rec.lost_replicas)
-        if rec.spec.gpu is not None:
-            note = "pinned replicas are not replaced automatically; redeploy with other pins"
-            if note not in rec.message:
-                rec.message = f"{rec.message}; {note}"
-                await self.registry.put_model.remote(rec)
-            return
-        spec = rec.spec.model_copy(update={"replicas": len(lost)})
-        outcome = await self.planner.plan.remote(spec, await self.registry.capacities.remote())
-        if outcome.plan is None:
-            note = f"no capacity to replace {sorted(rec.lost_replicas)} yet: {outcome.error}"
-            if rec.message != note:
-                rec.message = note
-                await self.registry.put_model.remote(rec)
-            return
-        replacements = [rp.model_copy(update={"index": i}) for rp, i in zip(outcome.plan.replicas, lost)]
-        result = await self.registry.reserve.remote([Reservation.for_replica(rec.model_id, rp) for rp in replacements])
-        if not result.ok:
-            return  # capacity moved under us; the next pass plans again
-        kept = [rp for rp in rec.plan.replicas if rp.index not in lost]
-        rec.plan = rec.plan.model_copy(update={"replicas": sorted(kept + replacements, key=lambda rp: rp.index)})
-        rec.status, rec.healing_replicas = ModelStatus.HEALING, lost
-        rec.message = "replacing " + ", ".join(f"r{rp.index} on {'+'.join(rp.devices)}" for rp in replacements)
-        rec.lost_replicas = {}
-        await self.registry.put_model.remote(rec)
-        log.info("%s: %s", rec.model_id, rec.message)
-        try:
-            await asyncio.to_thread(self._start_app, rec.model_id, rec.plan, rec.spec.max_queued_requests)
-        except Exception as e:
-            await self._heal_failed(rec, f"Serve refused the new replicas: {e}")
-            return
-        self._watch(rec.model_id)
-
-    async def _heal_failed(self, rec: ModelRecord, reason: str) -> None:
-        await self.registry.release_replicas.remote(rec.model_id, rec.healing_replicas)
-        rec.lost_replicas = {f"r{i}": f"replacement failed: {reason}" for i in rec.healing_replicas}
-        rec.status, rec.healing_replicas, rec.message = ModelStatus.DEGRADED, [], f"self-healing failed: {reason}"
-        await self.registry.put_model.remote(rec)
+        return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 
     # --- read and delete ----------------------------------------------------------------
     @app.post("/plan", dependencies=[Depends(require_admin)])
@@ -323,24 +193,28 @@ class Admin:
 
     @app.delete("/models/{model_id}", dependencies=[Depends(require_admin)])
     async def delete_model(self, model_id: str):
-        rec = await self.registry.get_model.remote(model_id)
-        if rec is None:
-            raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
-        await self._delete(rec)
-        return {"deleted": model_id}
-
-    async def _delete(self, rec: ModelRecord) -> None:
-        rec.status = ModelStatus.DELETING
-        await self.registry.put_model.remote(rec)
-        await asyncio.to_thread(_delete_app, rec.model_id)
-        await self.registry.release.remote(rec.model_id)
-        await self.registry.delete_model.remote(rec.model_id)
+        outcome = await self.registry.transition.remote("delete", model_id)
+        if not outcome.ok:
+            raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
+        return await self._deleted([model_id], single=True)
 
     @app.delete("/models", dependencies=[Depends(require_admin)])
     async def delete_all(self):
-        recs = await self.registry.list_models.remote()
-        await asyncio.gather(*(self._delete(r) for r in recs))
-        return {"deleted": [r.model_id for r in recs]}
+        ids = [r.model_id for r in await self.registry.list_models.remote()]
+        for model_id in ids:
+            await self.registry.transition.remote("delete", model_id)
+        return await self._deleted(ids, single=False)
+
+    async def _deleted(self, ids: list[str], single: bool):
+        """Wait (bounded) until the reconciler removed the apps and the registry the records;
+        past the bound, answer 202 with what is still being removed."""
+        for model_id in ids:
+            self.reconciler.ensure(model_id)
+        records = await self._wait_for(lambda records: not set(ids) & set(records), DELETE_WAIT_S)
+        left = sorted(set(ids) & set(records))
+        if left:
+            return JSONResponse({"deleted": [i for i in ids if i not in left], "deleting": left}, status_code=202)
+        return {"deleted": ids[0] if single else ids}
 
     @app.get("/gpus", dependencies=[Depends(require_admin)])
     async def gpus(self):

@@ -7,7 +7,7 @@ from typing import Any
 
 from ray import serve
 
-from hive_apps import __version__
+from hive_apps import __version__, names
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.routing.replica_set import default_queue_bound
@@ -51,7 +51,7 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
     engines = []
     for rp in plan.replicas:
         dep = serve.deployment(cls).options(
-            name=f"engine-r{rp.index}",
+            name=names.engine_deployment(rp.index),
             num_replicas=1,
             max_ongoing_requests=max(64, rp.settings.max_num_seqs * 4),
             max_constructor_retry_count=1,

@@ -11,8 +11,8 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from ray import serve
-
+from hive_apps import names
+from hive_apps.cluster import get_cluster
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.registry.monitor import nvml_used_bytes
@@ -33,8 +33,8 @@ class StartReport:
 
 @asynccontextmanager
 async def start_lock(model_id: str, replica: ReplicaPlan):
-    registry = serve.get_app_handle("hive-registry")
-    holder = f"{model_id}/r{replica.index}"
+    registry = get_cluster().app_handle(names.REGISTRY_APP)
+    holder = names.replica_key(model_id, replica.index)
     lease = get_settings().deploy_timeout_s
     waited = time.monotonic()
     while not await registry.acquire_start_lock.remote(replica.devices, holder, lease):

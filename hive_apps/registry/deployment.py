@@ -1,8 +1,10 @@
-"""The ``hive-registry`` Serve app: one stateful replica around a ``Ledger``.
+"""The ``hive-registry`` Serve app: the one owner of devices, reservations and model records.
 
-It samples every alive node's devices through a tiny per-node monitor actor, keeps the
-reservation ledger and the model records, and writes both through to Ray's internal KV,
-so a restarted replica comes back with every model and reservation.
+A thin shell around pure state: a ``Ledger`` (devices, reservations) and a ``ModelBook``
+(records, changed only by named transitions, ``registry/control.py``). It samples every
+alive node through the cluster seam, writes every change through to Ray's internal KV (so a
+restarted replica comes back with every model, reservation and start lock), and lets the
+admin, the gateway and routers wait for changes (``watch``) instead of polling.
 """
 
 from __future__ import annotations
@@ -10,34 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
-import ray
 from pydantic import BaseModel
-from ray import serve
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hive_apps.planning.types import DeviceCapacity
+from hive_apps.cluster import NodeInfo, get_cluster, off_loop
+from hive_apps.planning.types import DeviceCapacity, ReplicaPlan
+from hive_apps.registry.control import Change, ModelBook, TransitionError
 from hive_apps.registry.devices import NodeSample
-from hive_apps.registry.ledger import DeviceState, Ledger, NodeState, ReservationError
+from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
-from hive_apps.registry.monitor import node_name_of, sample_node
-from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus, Reservation, ReservationState
+from hive_apps.registry.monitor import node_name_of
+from hive_apps.registry.records import ModelRecord, Reservation
 from hive_apps.registry.store import StateStore
-from hive_apps.settings import get_settings
+from hive_apps.settings import HiveSettings, get_settings
 
 log = logging.getLogger("ray.serve")
 
-
-@ray.remote(num_cpus=0)
-class NodeMonitor:
-    """Lives on one node and reports what that node's devices hold right now."""
-
-    def __init__(self, node_id: str, labels: dict[str, str]):
-        self.node_id = node_id
-        self.labels = labels
-
-    def sample(self) -> NodeSample:
-        return sample_node(self.node_id, self.labels)
+MODEL_KEY = "model/"
+RESERVATION_KEY = "reservation/"
+START_LOCKS_KEY = "start-locks"
+SAMPLE_TIMEOUT_S = 60.0
+WATCH_MAX_S = 60.0
 
 
 class ReserveResult(BaseModel):
@@ -46,23 +42,70 @@ class ReserveResult(BaseModel):
     status_code: int = 200
 
 
-@serve.deployment(num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+class Outcome(BaseModel):
+    """The answer to a transition: the record as it is now, or why the transition was refused."""
+
+    ok: bool
+    record: ModelRecord | None = None
+    message: str = ""
+    status_code: int = 200
+
+
+class BookView(BaseModel):
+    """Every model record at one version of the book (what ``watch`` answers)."""
+
+    version: int
+    models: list[ModelRecord]
+
+
+class StartLockState(BaseModel):
+    held: dict[str, tuple[str, float]] = {}
+
+
+# transitions the registry's callers may ask for, and the ModelBook method of each
+ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted"}
+
+
 class Registry:
-    def __init__(self):
-        self.settings = get_settings()
+    def __init__(self, settings: HiveSettings | None = None):
+        self.settings = settings or get_settings()
+        self.cluster = get_cluster()
         self.ledger = Ledger(self.settings.memory_budget_fraction)
-        self.store = StateStore(self.settings.state_namespace)
-        self.models: dict[str, ModelRecord] = {r.model_id: r for r in self.store.load_all("model/", ModelRecord)}
-        for r in self.store.load_all("reservation/", Reservation):
+        self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
+        self.book = ModelBook(self.ledger, self.store.load_all(MODEL_KEY, ModelRecord))
+        for r in self.store.load_all(RESERVATION_KEY, Reservation):
             self.ledger.reservations[r.key] = r
-        self.monitors: dict[str, ray.actor.ActorHandle] = {}
+        self.start_locks = StartLocks()
+        stored = self.store.load_all(START_LOCKS_KEY, StartLockState)
+        if stored:
+            self.start_locks.held = dict(stored[0].held)
         self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
         self.pushed: dict[str, NodeSample] = {}  # node name -> latest sample from a standalone agent
-        self.start_locks = StartLocks()
         self.sampled = asyncio.Event()
+        self.changed = asyncio.Condition()
         self.last_sample_at = 0.0
         self._loop_task = asyncio.get_event_loop().create_task(self._monitor_loop())
-        log.info("registry up: %d models, %d reservations restored", len(self.models), len(self.ledger.reservations))
+        log.info("registry up: %d models, %d reservations, %d start locks restored",
+                 len(self.book.records), len(self.ledger.reservations), len(self.start_locks.held))
+
+    # --- persistence and announcements -------------------------------------------------
+    async def _persist(self, changes: list[Change]) -> None:
+        puts: dict[str, BaseModel] = {}
+        deletes: list[str] = []
+        for c in changes:
+            if c.record is not None:
+                puts[MODEL_KEY + c.model_id] = c.record
+            elif c.model_id not in self.book.records:
+                deletes.append(MODEL_KEY + c.model_id)
+            puts.update({RESERVATION_KEY + r.key: r for r in c.saved})
+            deletes += [RESERVATION_KEY + k for k in c.forgotten]
+        await self.store.write(puts, deletes)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _announce(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
 
     # --- monitoring ------------------------------------------------------------------
     async def _monitor_loop(self) -> None:
@@ -74,23 +117,12 @@ class Registry:
             await asyncio.sleep(self.settings.monitor_interval_s)
 
     async def sample_once(self) -> None:
-        all_nodes = await asyncio.to_thread(ray.nodes)
-        nodes = [n for n in all_nodes if n.get("Alive")]
-        alive = {n["NodeID"] for n in nodes}
-        for node_id in list(self.monitors):
-            if node_id not in alive:
-                del self.monitors[node_id]
-        for n in nodes:
-            if n["NodeID"] not in self.monitors:
-                self.monitors[n["NodeID"]] = NodeMonitor.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                ).remote(n["NodeID"], n.get("Labels", {}))
-        node_ids = list(self.monitors)
-        results = await asyncio.gather(*(self.monitors[i].sample.remote() for i in node_ids), return_exceptions=True)
-        for node_id, sample in zip(node_ids, results):
+        all_nodes: list[NodeInfo] = await off_loop(self.cluster.nodes, timeout=SAMPLE_TIMEOUT_S)
+        alive = {n.node_id for n in all_nodes if n.alive}
+        samples = await off_loop(self.cluster.sample_nodes, all_nodes, timeout=SAMPLE_TIMEOUT_S)
+        for node_id, sample in samples.items():
             if isinstance(sample, Exception):
                 log.warning("monitor on node %s failed: %s", node_id[:8], sample)
-                self.monitors.pop(node_id, None)
                 continue
             sample = self._prefer_agent(node_id, sample)
             self.nodes[node_id] = sample
@@ -100,7 +132,9 @@ class Registry:
         self.ledger.drop_nodes_except(alive)
         await self._release_dead_nodes(all_nodes)
         await self._expire_pending()
-        await self._record_drift()
+        drift = self.book.drift(self.ledger.drifted())
+        if drift:
+            await self._persist(drift)
         self.last_sample_at = time.time()
         self.sampled.set()
 
@@ -128,42 +162,22 @@ class Registry:
         return [self.ledger.node_state(s) for s in sorted(self.nodes.values(), key=lambda s: s.node_name)]
 
     async def _expire_pending(self) -> None:
-        for r in self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s):
-            self._forget(r.key)
+        gone = self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s)
+        for r in gone:
             log.warning("released %s: its engine never came up", r.key)
+        if gone:
+            await self.store.write({}, [RESERVATION_KEY + r.key for r in gone])
 
-    async def _record_drift(self) -> None:
-        """Show in each model's status where an engine uses > 5 % more or less than reserved."""
-        drifted = self.ledger.drifted()
-        for rec in list(self.models.values()):
-            now = {}
-            for r in self.ledger.of_model(rec.model_id):
-                if r.key in drifted:
-                    now[f"r{r.replica}"] = (f"{drifted[r.key]:+.0%}: measured {r.measured_bytes / 2**30:.2f} GiB "
-                                            f"vs reserved {r.bytes_per_device / 2**30:.2f} GiB")
-            if now != rec.drift:
-                rec.drift = now
-                await self.put_model(rec)
-
-    async def _release_dead_nodes(self, all_nodes: list[dict]) -> None:
+    async def _release_dead_nodes(self, all_nodes: list[NodeInfo]) -> None:
         """Free what replicas on dead nodes held, and say so in their models' status."""
-        def name(n: dict) -> str:
-            return node_name_of(n["NodeID"], n.get("Labels", {}))
-
-        alive = {name(n) for n in all_nodes if n.get("Alive")}
-        dead = {name(n) for n in all_nodes if not n.get("Alive")} - alive
-        for r in self.ledger.on_nodes(dead):
-            self.ledger.release_key(r.key)
-            self._forget(r.key)
-            rec = self.models.get(r.model_id)
-            if rec is None:
-                continue
-            rec.lost_replicas[f"r{r.replica}"] = f"node of {', '.join(r.devices)} died"
-            if rec.status in SERVING:
-                rec.status = ModelStatus.DEGRADED
-            rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"
-            await self.put_model(rec)
-            log.warning("released %s: node of %s is dead", r.key, r.devices)
+        dead_ids = {n.node_id for n in all_nodes if not n.alive}
+        alive_names = {node_name_of(n.node_id, n.labels) for n in all_nodes if n.alive}
+        dead_names = {node_name_of(n.node_id, n.labels) for n in all_nodes if not n.alive}
+        changes = self.book.node_lost(dead_ids, dead_names, alive_names)
+        for c in changes:
+            log.warning("released %s: their node is dead", c.forgotten)
+        if changes:
+            await self._persist(changes)
 
     async def _ready(self) -> None:
         await asyncio.wait_for(self.sampled.wait(), timeout=60)
@@ -177,102 +191,106 @@ class Registry:
         await self._ready()
         return self.ledger.states()
 
-    # --- reservations ------------------------------------------------------------------
-    def _save(self, r: Reservation) -> None:
-        self.store.put(f"reservation/{r.key}", r)
+    # --- model records: read, wait, transition ---------------------------------------------
+    async def get_model(self, model_id: str) -> ModelRecord | None:
+        return self.book.get(model_id)
 
-    def _forget(self, key: str) -> None:
-        self.store.delete(f"reservation/{key}")
+    async def list_models(self) -> list[ModelRecord]:
+        return self.book.list()
 
-    async def reserve(self, reservations: list[Reservation]) -> ReserveResult:
-        await self._ready()
+    async def watch(self, after: int = -1, timeout_s: float = 30.0) -> BookView:
+        """Every record, as soon as the book's version is past ``after`` (or at the timeout).
+
+        Routers, the gateway and the admin long-poll here instead of polling on a timer.
+        """
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.book.version > after),
+                                       min(max(timeout_s, 0.0), WATCH_MAX_S))
+            except asyncio.TimeoutError:
+                pass
+        return BookView(version=self.book.version, models=self.book.list())
+
+    async def transition(self, name: str, model_id: str, **kwargs: Any) -> Outcome:
+        """Apply one named transition (``registry/control.py`` lists them)."""
+        if name not in ASKED:
+            return Outcome(ok=False, status_code=400, message=f"unknown transition {name!r}")
+        if name in ("create", "heal"):
+            await self._ready()
+        now = time.time()
         try:
-            self.ledger.reserve(reservations)
-        except ReservationError as e:
-            return ReserveResult(ok=False, message=e.message, status_code=e.status_code)
-        for r in reservations:
-            self._save(r)
-        return ReserveResult(ok=True)
+            if name == "create":
+                change = self.book.create(kwargs["record"], kwargs["reservations"], now)
+            elif name == "applied":
+                change = self.book.applied(model_id, kwargs["version"], kwargs["generation"], now)
+            elif name == "started":
+                change = self.book.started(model_id, kwargs["version"], kwargs.get("engine_start_s", {}), now)
+            elif name == "heal":
+                replacements = [ReplicaPlan.model_validate(rp) for rp in kwargs["replacements"]]
+                change = self.book.heal(model_id, kwargs["version"], replacements, now)
+            elif name == "heal_failed":
+                change = self.book.heal_failed(model_id, kwargs["version"], kwargs["reason"], now,
+                                               self.settings.heal_backoff_max_s)
+            elif name == "delete":
+                change = self.book.delete(model_id)
+            else:
+                change = getattr(self.book, name)(model_id, **kwargs)
+        except TransitionError as e:
+            return Outcome(ok=False, record=self.book.get(model_id), message=e.message, status_code=e.status_code)
+        if name == "deleted":
+            self.start_locks.release(model_id)
+            await self._save_start_locks()
+        await self._persist([change])
+        return Outcome(ok=True, record=change.record)
 
-    async def activate(self, model_id: str) -> None:
-        self.ledger.activate(model_id)
-        for r in self.ledger.of_model(model_id):
-            self._save(r)
-
-    async def release_replicas(self, model_id: str, indices: list[int]) -> None:
-        for key in (f"{model_id}/r{i}" for i in indices):
-            if self.ledger.release_key(key) is not None:
-                self._forget(key)
-
-    async def release(self, model_id: str) -> int:
-        self.start_locks.release(model_id)
-        gone = self.ledger.release(model_id)
-        for r in gone:
-            self._forget(r.key)
-        return len(gone)
-
+    # --- reservations and start locks --------------------------------------------------
     async def report_usage(self, key: str, measured_bytes: int) -> None:
         r = self.ledger.report_usage(key, measured_bytes)
         if r is not None:
-            self._save(r)
+            await self.store.write({RESERVATION_KEY + r.key: r})
+
+    async def _save_start_locks(self) -> None:
+        await self.store.write({START_LOCKS_KEY: StartLockState(held=self.start_locks.held)})
 
     async def acquire_start_lock(self, devices: list[str], holder: str, lease_s: float) -> bool:
-        return self.start_locks.try_acquire(devices, holder, lease_s)
+        got = self.start_locks.try_acquire(devices, holder, lease_s)
+        if got:
+            await self._save_start_locks()
+        return got
 
     async def release_start_lock(self, holder: str) -> None:
-        self.start_locks.release(holder)
+        if self.start_locks.release(holder):
+            await self._save_start_locks()
 
     async def reservations(self, model_id: str | None = None) -> list[Reservation]:
         rs = self.ledger.reservations.values()
         return [r for r in rs if model_id is None or r.model_id == model_id]
 
-    # --- model records -----------------------------------------------------------------
-    async def put_model(self, record: ModelRecord) -> None:
-        self.models[record.model_id] = record
-        self.store.put(f"model/{record.model_id}", record)
-
-    async def claim_model(self, record: ModelRecord) -> bool:
-        """Store a new record unless the id is taken: the registry serialises model_id uniqueness."""
-        if record.model_id in self.models:
-            return False
-        await self.put_model(record)
-        return True
-
-    async def get_model(self, model_id: str) -> ModelRecord | None:
-        return self.models.get(model_id)
-
-    async def list_models(self) -> list[ModelRecord]:
-        return sorted(self.models.values(), key=lambda r: r.created_at)
-
-    async def delete_model(self, model_id: str) -> None:
-        self.models.pop(model_id, None)
-        self.store.delete(f"model/{model_id}")
-
     # --- recovery ----------------------------------------------------------------------
     async def reset(self) -> dict[str, int]:
         """Rebuild the inventory from the monitors and the reservations from the model records."""
         self.ledger.devices.clear()
-        for node_id in list(self.monitors):
-            ray.kill(self.monitors.pop(node_id))
+        await off_loop(self.cluster.reset_monitors, timeout=SAMPLE_TIMEOUT_S)
         await self.sample_once()
-        measured = {k: r.measured_bytes for k, r in self.ledger.reservations.items()}
-        for key in list(self.ledger.reservations):
-            self._forget(key)
-        self.ledger.reservations.clear()
-        for rec in self.models.values():
-            for rp in rec.plan.replicas:
-                if f"r{rp.index}" in rec.lost_replicas:
-                    continue
-                r = Reservation.for_replica(rec.model_id, rp, measured.get(f"{rec.model_id}/r{rp.index}"))
-                if rec.status in SERVING and rp.index not in rec.healing_replicas:
-                    r.state = ReservationState.ACTIVE  # its engine is up; left pending it would expire
-                self.ledger.reservations[r.key] = r
-                self._save(r)
+        old = dict(self.ledger.reservations)
+        measured = {k: r.measured_bytes for k, r in old.items()}
+        rebuilt = self.book.rebuild_reservations(measured)
+        await self.store.write({RESERVATION_KEY + r.key: r for r in rebuilt},
+                               [RESERVATION_KEY + k for k in old if k not in self.ledger.reservations])
+        await self._announce()
         return {"devices": len(self.ledger.devices), "reservations": len(self.ledger.reservations)}
 
     async def healthz(self) -> dict:
-        return {"devices": len(self.ledger.devices), "last_sample_age_s": round(time.time() - self.last_sample_at, 2)}
+        return {"devices": len(self.ledger.devices), "last_sample_age_s": round(time.time() - self.last_sample_at, 2),
+                "book_version": self.book.version}
+
+
+def registry_deployment():
+    from ray import serve
+
+    return serve.deployment(Registry, name="Registry", num_replicas=1, max_ongoing_requests=1000,
+                            ray_actor_options={"num_cpus": 0})
 
 
 def build(_: dict | None = None):
-    return Registry.bind()
+    return registry_deployment().bind()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from hive_apps import names
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.spec import ModelSpec
+
+SCHEMA_VERSION = 1  # of the stored records below; a record of another version is quarantined
 
 
 class ReservationState(str, Enum):
@@ -19,9 +23,12 @@ class ReservationState(str, Enum):
 class Reservation(BaseModel):
     """Memory held for one replica on each of its devices."""
 
+    schema_version: Literal[1] = SCHEMA_VERSION
     model_id: str
     replica: int
     devices: list[str]
+    node_id: str | None = None  # the Ray node the replica was placed on (a node re-joining
+    # under the same name is another node: its old replicas are gone)
     bytes_per_device: int
     state: ReservationState = ReservationState.PENDING
     created_at: float = Field(default_factory=time.time)
@@ -40,12 +47,12 @@ class Reservation(BaseModel):
 
     @classmethod
     def for_replica(cls, model_id: str, rp: ReplicaPlan, measured_bytes: int | None = None) -> "Reservation":
-        return cls(model_id=model_id, replica=rp.index, devices=rp.devices,
+        return cls(model_id=model_id, replica=rp.index, devices=rp.devices, node_id=rp.node_id,
                    bytes_per_device=rp.reservation_bytes, measured_bytes=measured_bytes)
 
     @property
     def key(self) -> str:
-        return f"{self.model_id}/r{self.replica}"
+        return names.replica_key(self.model_id, self.replica)
 
 
 class ModelStatus(str, Enum):
@@ -59,12 +66,24 @@ class ModelStatus(str, Enum):
 
 SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING)
 STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING)
+HOLDING = (ModelStatus.DEPLOYING, *SERVING)  # statuses whose replicas hold reservations
 
 
 class ModelRecord(BaseModel):
+    """One model as the registry owns it. Only the registry writes it, by named transitions
+    (``registry/control.py``); ``version`` goes up with each, so a stale writer is refused."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
     model_id: str
     spec: ModelSpec
     plan: Plan
+    version: int = 0
+    plan_generation: int = 1  # goes up when the plan changes (self-healing moved replicas)
+    applied_generation: int = 0  # the plan generation the model's Serve app was last built from
+    applied_at: float = 0.0  # when it was built (Serve's status lags a rebuild briefly)
+    starting_since: float = Field(default_factory=time.time)  # when the current deploy or heal began
+    heal_attempts: int = 0  # failed self-healing attempts in a row (for the back-off)
+    next_heal_at: float = 0.0
     status: ModelStatus = ModelStatus.DEPLOYING
     message: str = ""
     created_at: float = Field(default_factory=time.time)

@@ -1,29 +1,56 @@
-"""Durable key-value state in Ray's GCS (internal KV), so registry restarts lose nothing."""
+"""Durable key-value state in Ray's GCS (internal KV, through the cluster seam).
+
+Writes go through one thread in order, so a newer record is never overwritten by an older
+one, and each has a deadline, so the registry's event loop never waits on the GCS.
+A stored value that no longer parses (corrupt, or written by another schema version) is
+moved aside under ``quarantine/`` with a warning instead of stopping the registry.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from pydantic import BaseModel
-from ray.experimental import internal_kv
+from pydantic import BaseModel, ValidationError
+
+from hive_apps.cluster import Cluster
 
 T = TypeVar("T", bound=BaseModel)
+log = logging.getLogger("ray.serve")
+
+QUARANTINE = "quarantine/"
 
 
 class StateStore:
-    def __init__(self, namespace: str):
+    def __init__(self, cluster: Cluster, namespace: str, timeout_s: float = 10.0):
+        self.cluster = cluster
         self.namespace = namespace
+        self.timeout_s = timeout_s
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hive-kv")
 
-    def put(self, key: str, value: BaseModel) -> None:
-        internal_kv._internal_kv_put(key, value.model_dump_json(), overwrite=True, namespace=self.namespace)
-
-    def delete(self, key: str) -> None:
-        internal_kv._internal_kv_del(key, namespace=self.namespace)
+    async def write(self, puts: dict[str, BaseModel], deletes: list[str] = ()) -> None:
+        """Queue every write of one change before waiting on any, so changes land in order."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._writer, self.cluster.kv_put, self.namespace, k, v.model_dump_json().encode())
+                   for k, v in puts.items()]
+        futures += [loop.run_in_executor(self._writer, self.cluster.kv_delete, self.namespace, k) for k in deletes]
+        if futures:
+            await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
 
     def load_all(self, prefix: str, model: type[T]) -> list[T]:
+        """Every stored value under ``prefix`` (blocking: called once at start)."""
         out = []
-        for key in internal_kv._internal_kv_list(prefix, namespace=self.namespace):
-            raw = internal_kv._internal_kv_get(key, namespace=self.namespace)
-            if raw is not None:
+        for key in self.cluster.kv_keys(self.namespace, prefix):
+            raw = self.cluster.kv_get(self.namespace, key)
+            if raw is None:
+                continue
+            try:
                 out.append(model.model_validate_json(raw))
+            except (ValidationError, ValueError) as e:
+                log.warning("quarantined stored %s: it does not parse as %s (%s)", key, model.__name__,
+                            str(e).splitlines()[0])
+                self.cluster.kv_put(self.namespace, QUARANTINE + key, raw)
+                self.cluster.kv_delete(self.namespace, key)
         return out

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
-from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from hive_apps.cluster import get_cluster
 from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
@@ -74,7 +74,8 @@ class ReplicaSet:
     @classmethod
     def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> "ReplicaSet":
         """Handles to the engines of a running model app, found by name."""
-        handles = {rp.index: serve.get_deployment_handle(f"engine-r{rp.index}", app_name=model_id) for rp in plan.replicas}
+        cluster = get_cluster()
+        handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
         return cls(model_id, handles, plan.replicas, queue_bound)
 
     def start(self) -> None:

@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
+from hive_apps import names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
@@ -40,4 +41,4 @@ class Router:
 
 
 def router_deployment():
-    return serve.deployment(Router, name="router", max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
+    return serve.deployment(Router, name=names.ROUTER_DEPLOYMENT, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})

@@ -40,3 +40,33 @@ def test_settings_from_env(monkeypatch):
     monkeypatch.setenv("HIVE_MEMORY_BUDGET_FRACTION", "0.8")
     s = HiveSettings.from_env()
     assert s.api_keys == ["x", "y"] and s.memory_budget_fraction == 0.8
+
+
+def test_booleans_mean_the_same_everywhere(monkeypatch):
+    for raw, value in [("0", False), ("off", False), ("no", False), ("false", False),
+                       ("1", True), ("on", True), ("yes", True), ("TRUE", True)]:
+        monkeypatch.setenv("HIVE_SELF_HEAL", raw)
+        monkeypatch.setenv("HIVE_AUTH_DISABLED", raw)
+        s = HiveSettings.from_env()
+        assert s.self_heal is value and s.auth_disabled is value, raw
+
+
+def test_a_bad_value_names_the_variable_and_what_it_accepts(monkeypatch):
+    import pytest
+
+    from hive_apps.settings import SettingsError
+
+    monkeypatch.setenv("HIVE_SELF_HEAL", "maybe")
+    monkeypatch.setenv("HIVE_MONITOR_INTERVAL_S", "-1")
+    with pytest.raises(SettingsError) as e:
+        HiveSettings.from_env()
+    assert "HIVE_SELF_HEAL='maybe'" in str(e.value) and "on/off" in str(e.value)
+    assert "HIVE_MONITOR_INTERVAL_S='-1'" in str(e.value)
+
+
+def test_comment_lines_in_the_key_file_are_not_keys(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# rotated 2026-12-01\nreal-key\n\n")
+    s = HiveSettings(api_keys_file=f)
+    assert s.current_api_keys() == {"real-key"}
+    assert check_api_key(s, "Bearer # rotated 2026-12-01") is not None

@@ -1,0 +1,234 @@
+"""The admin's reconciler: one loop per model that makes Serve match the model's record.
+
+The registry's record is the desired state (spec, plan, status); Serve's applications and
+the engines are what exists. Each pass reads the record, looks at Serve, and takes the next
+idempotent step, asking the registry for the transition that records it. Any pass can be
+killed at any point: a new admin replica reads the same record and takes the same step.
+
+    deploying/healing  app not built from the current plan -> build it, then ``applied``
+                       every replica that should run is healthy -> ``started``
+                       an engine failed, or the deadline passed -> ``fail`` / ``heal_failed``
+    degraded           replicas lost, self-healing on, not pinned -> plan replacements, ``heal``
+    deleting           remove the app -> ``deleted``
+    failed             remove the app if one is left
+    (no record)        remove the app if one is left
+
+Every Ray and Serve call goes through the cluster seam (``hive_apps/cluster.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from hive_apps import names
+from hive_apps.admin.failures import failure_reason
+from hive_apps.cluster import MISSING, AppState, Cluster, off_loop
+from hive_apps.registry.control import heal_backoff_s
+from hive_apps.registry.records import STARTING, ModelRecord, ModelStatus
+from hive_apps.settings import HiveSettings
+
+log = logging.getLogger("ray.serve")
+
+POLL_S = 0.5  # how often a starting model's Serve status is read
+ERROR_RETRY_S = 2.0
+INFO_TIMEOUT_S = 10.0
+SERVE_TIMEOUT_S = 120.0
+APPLY_GRACE_S = 3.0
+HEALTHY = "HEALTHY"
+BROKEN = ("UNHEALTHY", "DEPLOY_FAILED")
+
+
+def is_model_app(state: AppState) -> bool:
+    """An app shaped as the hive builds a model (a router and engine replicas); other Serve
+    apps on the cluster are the user's and never touched."""
+    deps = set(state.deployments)
+    return names.ROUTER_DEPLOYMENT in deps and all(
+        d == names.ROUTER_DEPLOYMENT or names.is_engine_deployment(d) for d in deps)
+
+
+class Reconciler:
+    def __init__(self, cluster: Cluster, settings: HiveSettings, apply_grace_s: float = APPLY_GRACE_S):
+        self.cluster = cluster
+        self.settings = settings
+        self.apply_grace_s = apply_grace_s
+        self.loops: dict[str, asyncio.Task] = {}
+        self.kicks: dict[str, asyncio.Event] = {}
+
+    @property
+    def registry(self) -> Any:
+        return self.cluster.app_handle(names.REGISTRY_APP)
+
+    @property
+    def planner(self) -> Any:
+        return self.cluster.app_handle(names.PLANNER_APP)
+
+    # --- loops ------------------------------------------------------------------------------
+    def ensure(self, model_id: str) -> None:
+        """Start the model's loop, or wake it if it runs."""
+        kick = self.kicks.setdefault(model_id, asyncio.Event())
+        kick.set()
+        task = self.loops.get(model_id)
+        if task is None or task.done():
+            self.loops[model_id] = asyncio.get_running_loop().create_task(self._run(model_id))
+
+    async def _run(self, model_id: str) -> None:
+        kick = self.kicks[model_id]
+        while True:
+            kick.clear()
+            try:
+                rec = await self.registry.get_model.remote(model_id)
+                delay = await self.step(model_id, rec)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciling %s failed; retrying", model_id)
+                delay = ERROR_RETRY_S
+            if delay is None:
+                if not kick.is_set():
+                    self.loops.pop(model_id, None)
+                    return
+                continue
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(kick.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    def stop(self) -> None:
+        for task in self.loops.values():
+            task.cancel()
+
+    # --- one step ---------------------------------------------------------------------------
+    async def step(self, model_id: str, rec: ModelRecord | None) -> float | None:
+        """Take the next step for one model; answer how long to wait before the next, or None
+        when the model needs nothing until its record changes."""
+        if rec is None or rec.status is ModelStatus.FAILED:
+            await self._remove_app(model_id)
+            return None
+        if rec.status is ModelStatus.DELETING:
+            await self._remove_app(model_id)
+            await self._ask("deleted", rec, version=rec.version)
+            return None
+        if rec.status in STARTING:
+            return await self._starting(rec)
+        if rec.status is ModelStatus.DEGRADED:
+            return await self._degraded(rec)
+        return None
+
+    async def _ask(self, name: str, rec: ModelRecord, **kwargs) -> Any:
+        """One transition; a refused one (stale version) means: read again and decide again."""
+        outcome = await self.registry.transition.remote(name, rec.model_id, **kwargs)
+        if not outcome.ok:
+            log.info("%s of %s refused: %s", name, rec.model_id, outcome.message)
+        return outcome
+
+    async def _remove_app(self, model_id: str) -> None:
+        app = names.model_app(model_id)
+        states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
+        if app in states:
+            await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
+            log.info("removed the app of %s", model_id)
+
+    async def _app_state(self, model_id: str) -> AppState:
+        states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
+        return states.get(names.model_app(model_id), MISSING)
+
+    async def _starting(self, rec: ModelRecord) -> float | None:
+        if rec.applied_generation != rec.plan_generation:
+            await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
+                           timeout=SERVE_TIMEOUT_S)
+            await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
+            return 0.0
+        live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        if rec.status is ModelStatus.DEPLOYING and not live:
+            await self._ask("fail", rec, version=rec.version,
+                            reason="every replica's node died during the deploy: " + ", ".join(sorted(rec.lost_replicas)))
+            return 0.0
+        watched = live if rec.status is ModelStatus.DEPLOYING else rec.healing_replicas
+        state = await self._app_state(rec.model_id)
+        if state.status == "MISSING":  # removed behind our back: build it again
+            await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
+                           timeout=SERVE_TIMEOUT_S)
+            return POLL_S
+        deployments = [names.engine_deployment(i) for i in watched] + [names.ROUTER_DEPLOYMENT]
+        if all(state.deployments.get(d) == HEALTHY for d in deployments):
+            infos = await self._engine_infos(rec, watched)
+            if all(info is not None for info in infos.values()):
+                times = {k: round(i["engine_start_s"], 2) for k, i in infos.items() if i.get("engine_start_s") is not None}
+                await self._ask("started", rec, version=rec.version, engine_start_s=times)
+                return 0.0  # degraded models go on to heal
+        # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
+        settled = time.time() - rec.applied_at >= self.apply_grace_s
+        broken = [d for d in deployments if state.deployments.get(d) in BROKEN] if settled else []
+        late = time.time() > rec.starting_since + self.settings.deploy_timeout_s
+        if not broken and not late:
+            return POLL_S
+        messages = [state.message] + [state.deployment_messages.get(d, "") for d in deployments]
+        detail = failure_reason(" | ".join(m for m in messages if m))
+        reason = (f"an engine failed to start: {detail}" if broken else
+                  f"not ready within {self.settings.deploy_timeout_s:.0f}s (HIVE_DEPLOY_TIMEOUT_S); "
+                  f"last status {state.status}: {detail}")
+        log.warning("%s of %s failed: %s", rec.status.value, rec.model_id, reason)
+        if rec.status is ModelStatus.DEPLOYING:
+            await self._ask("fail", rec, version=rec.version, reason=reason)
+        else:
+            await self._ask("heal_failed", rec, version=rec.version, reason=reason)
+        return 0.0
+
+    async def _engine_infos(self, rec: ModelRecord, indices: list[int]) -> dict[str, dict | None]:
+        """Each engine's own account of itself, or None where the replica that answers is not
+        yet the one the plan placed (Serve can call a healthy-looking replica of a dead node)."""
+        planned = {rp.index: rp.devices for rp in rec.plan.replicas}
+
+        async def one(i: int) -> tuple[str, dict | None]:
+            try:
+                info = await asyncio.wait_for(self.cluster.engine_handle(rec.model_id, i).info.remote(), INFO_TIMEOUT_S)
+            except Exception as e:
+                log.info("engine %s/r%d does not answer yet: %s", rec.model_id, i, e)
+                return names.replica_label(i), None
+            return names.replica_label(i), info if info.get("devices") == planned[i] else None
+
+        return dict(await asyncio.gather(*(one(i) for i in indices)))
+
+    async def _degraded(self, rec: ModelRecord) -> float | None:
+        if not self.settings.self_heal or not rec.lost_replicas:
+            return None
+        if rec.spec.gpu is not None:
+            note = "pinned replicas are not replaced automatically; redeploy with other pins"
+            if note not in rec.message:
+                await self._ask("note", rec, version=rec.version, message=f"{rec.message}; {note}")
+            return None
+        wait = rec.next_heal_at - time.time()
+        if wait > 0:
+            return wait
+        lost = sorted(names.replica_index(k) for k in rec.lost_replicas)
+        spec = rec.spec.model_copy(update={"replicas": len(lost)})
+        devices = await self.registry.capacities.remote()
+        outcome = await self.planner.plan.remote(spec, devices)
+        if outcome.plan is None:
+            wait = heal_backoff_s(rec.heal_attempts + 1, self.settings.heal_backoff_max_s)
+            await self._ask("note", rec, version=rec.version, next_heal_at=time.time() + wait,
+                            message=f"no capacity to replace {sorted(rec.lost_replicas)} yet "
+                                    f"(next try in {wait:.0f}s): {outcome.error}")
+            return wait
+        replacements = [rp.model_copy(update={"index": i}) for rp, i in zip(outcome.plan.replicas, lost)]
+        result = await self._ask("heal", rec, version=rec.version, replacements=[rp.model_dump() for rp in replacements])
+        if result.ok:
+            log.info("%s: %s", rec.model_id, result.record.message)
+        return 0.0 if result.ok else POLL_S
+
+    # --- orphans ----------------------------------------------------------------------------
+    async def sweep(self, records: list[ModelRecord]) -> list[str]:
+        """Remove model apps that no record explains (a deploy that died half-made)."""
+        known = {names.model_app(r.model_id) for r in records if r.status is not ModelStatus.FAILED}
+        states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
+        orphans = [a for a, s in states.items() if a not in known and is_model_app(s)]
+        for app in orphans:
+            if app in self.loops:  # its own loop is on it
+                continue
+            log.warning("removing app %s: no model record explains it", app)
+            await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
+        return orphans

@@ -1,0 +1,275 @@
+"""Model records and their reservations, changed only by named transitions. Pure: no Ray.
+
+The registry is the only writer of model records and reservations; the admin (and the
+registry's own monitoring) ask it for transitions. Each transition names where it may start,
+and callers other than the registry itself pass the record version they read: a transition
+from a stale version, or from a status it does not start from, is refused with a
+``TransitionError`` and the caller re-reads and decides again. So a node that dies while a
+heal is in flight can never be overwritten by the healer's older copy of the record.
+
+    transition    from                          to                      asked by
+    create        (none) | failed               deploying               admin: POST /models
+    applied       deploying | healing           (same)                  admin: app built for the plan
+    started       deploying | healing           ready | degraded        admin: every live replica up
+    fail          deploying                     failed                  admin: start failed or timed out
+    heal          degraded                      healing                 admin: replacements placed
+    heal_failed   healing                       degraded                admin: a replacement failed
+    note          any                           (same)                  admin: a message, a back-off
+    delete        any                           deleting                admin: DELETE /models/{id}
+    deleted       deleting                      (removed)               admin: the app is gone
+    node_lost     any                           degraded where serving  registry: a node died
+    drift         any                           (same)                  registry: measured vs reserved
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hive_apps import names
+from hive_apps.planning.types import ReplicaPlan
+from hive_apps.registry.ledger import Ledger, ReservationError
+from hive_apps.registry.records import (
+    HOLDING,
+    SERVING,
+    STARTING,
+    ModelRecord,
+    ModelStatus,
+    Reservation,
+    ReservationState,
+)
+
+HEAL_BACKOFF_BASE_S = 2.0
+ANY = tuple(ModelStatus)
+
+
+class TransitionError(Exception):
+    """A refused transition: the record changed since it was read, or it is in the wrong status."""
+
+    def __init__(self, message: str, status_code: int = 409):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+@dataclass
+class Change:
+    """What one transition did, for the registry to persist and announce."""
+
+    model_id: str
+    record: ModelRecord | None  # None: the record was removed
+    saved: list[Reservation] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)  # reservation keys
+
+
+def heal_backoff_s(attempts: int, cap_s: float) -> float:
+    """2 s, 4 s, 8 s... after each failed self-healing attempt in a row, at most ``cap_s``."""
+    return min(cap_s, HEAL_BACKOFF_BASE_S * 2 ** max(0, attempts - 1))
+
+
+class ModelBook:
+    def __init__(self, ledger: Ledger, records: list[ModelRecord] | None = None):
+        self.ledger = ledger
+        self.records: dict[str, ModelRecord] = {r.model_id: r for r in records or []}
+        self.version = 0  # of the whole book: goes up with every change (watchers wait on it)
+
+    # --- reading ----------------------------------------------------------------------------
+    def get(self, model_id: str) -> ModelRecord | None:
+        rec = self.records.get(model_id)
+        return rec.model_copy(deep=True) if rec is not None else None
+
+    def list(self) -> list[ModelRecord]:
+        return [r.model_copy(deep=True) for r in sorted(self.records.values(), key=lambda r: r.created_at)]
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _current(self, model_id: str, name: str, version: int | None, allowed: tuple[ModelStatus, ...]) -> ModelRecord:
+        rec = self.records.get(model_id)
+        if rec is None:
+            raise TransitionError(f"{name}: no model {model_id!r}", 404)
+        if version is not None and rec.version != version:
+            raise TransitionError(f"{name}: the record of {model_id!r} changed (now version {rec.version}, "
+                                  f"you read {version}); read it again and retry")
+        if rec.status not in allowed:
+            raise TransitionError(f"{name}: {model_id!r} is {rec.status.value}; {name} starts only from "
+                                  + " | ".join(s.value for s in allowed))
+        return rec.model_copy(deep=True)
+
+    def _commit(self, rec: ModelRecord, saved: list[Reservation] = (), forgotten: list[str] = ()) -> Change:
+        rec.version += 1
+        self.records[rec.model_id] = rec
+        self.version += 1
+        return Change(rec.model_id, rec.model_copy(deep=True), list(saved), list(forgotten))
+
+    def _release(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if self.ledger.release_key(k) is not None]
+
+    def _keys(self, model_id: str, indices) -> list[str]:
+        return [names.replica_key(model_id, i) for i in indices]
+
+    # --- transitions the admin asks for -------------------------------------------------------
+    def create(self, record: ModelRecord, reservations: list[Reservation], now: float) -> Change:
+        """A new deploy: the id must be free (or hold a failed deploy) and every replica must fit."""
+        existing = self.records.get(record.model_id)
+        if existing is not None and existing.status is not ModelStatus.FAILED:
+            raise TransitionError(f"model_id {record.model_id!r} is already {existing.status.value}; "
+                                  "DELETE /admin/models/{id} first or choose another model_id")
+        try:
+            self.ledger.reserve(reservations)
+        except ReservationError as e:
+            raise TransitionError(e.message, e.status_code) from None
+        rec = record.model_copy(deep=True, update={
+            "status": ModelStatus.DEPLOYING, "version": existing.version if existing else 0,
+            "created_at": now, "starting_since": now, "plan_generation": 1, "applied_generation": 0})
+        return self._commit(rec, saved=[r.model_copy() for r in reservations])
+
+    def applied(self, model_id: str, version: int, generation: int, now: float) -> Change:
+        rec = self._current(model_id, "applied", version, STARTING)
+        if generation != rec.plan_generation:
+            raise TransitionError(f"applied: plan generation {generation} is not the current {rec.plan_generation}")
+        rec.applied_generation, rec.applied_at = generation, now
+        return self._commit(rec)
+
+    def started(self, model_id: str, version: int, engine_start_s: dict[str, float], now: float) -> Change:
+        """Every replica that should run is up: reservations become active."""
+        rec = self._current(model_id, "started", version, STARTING)
+        if rec.applied_generation != rec.plan_generation:
+            raise TransitionError("started: the app was not built from the current plan yet")
+        if rec.status is ModelStatus.DEPLOYING:
+            rec.ready_at = now
+        else:
+            rec.heal_attempts, rec.next_heal_at = 0, 0.0
+        self.ledger.activate(model_id)
+        rec.engine_start_s = {**rec.engine_start_s, **engine_start_s}
+        rec.healing_replicas = []
+        rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
+        rec.message = rec.message if rec.lost_replicas else ""
+        return self._commit(rec, saved=self.ledger.of_model(model_id))
+
+    def fail(self, model_id: str, version: int, reason: str) -> Change:
+        """A deploy that cannot start: nothing stays reserved; the record says why."""
+        rec = self._current(model_id, "fail", version, (ModelStatus.DEPLOYING,))
+        forgotten = [r.key for r in self.ledger.release(model_id)]
+        rec.status, rec.message, rec.healing_replicas = ModelStatus.FAILED, reason, []
+        return self._commit(rec, forgotten=forgotten)
+
+    def heal(self, model_id: str, version: int, replacements: list[ReplicaPlan], now: float) -> Change:
+        """Replacements for lost replicas are placed: reserve them and move the plan, at once."""
+        rec = self._current(model_id, "heal", version, (ModelStatus.DEGRADED,))
+        indices = [rp.index for rp in replacements]
+        not_lost = [i for i in indices if names.replica_label(i) not in rec.lost_replicas]
+        if not indices or not_lost:
+            raise TransitionError(f"heal: replicas {not_lost or indices} of {model_id!r} are not lost")
+        new = [Reservation.for_replica(model_id, rp) for rp in replacements]
+        try:
+            self.ledger.reserve(new)
+        except ReservationError as e:
+            raise TransitionError(e.message, e.status_code) from None
+        by_index = {rp.index: rp for rp in rec.plan.replicas}
+        by_index.update({rp.index: rp for rp in replacements})
+        rec.plan = rec.plan.model_copy(update={"replicas": [by_index[i] for i in sorted(by_index)]})
+        rec.plan_generation += 1
+        rec.status, rec.healing_replicas, rec.starting_since = ModelStatus.HEALING, sorted(indices), now
+        for i in indices:
+            rec.lost_replicas.pop(names.replica_label(i), None)
+        rec.message = "replacing " + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}"
+                                               for rp in replacements)
+        return self._commit(rec, saved=new)
+
+    def heal_failed(self, model_id: str, version: int, reason: str, now: float, backoff_cap_s: float) -> Change:
+        """A replacement did not start: free it, mark it lost again and back off."""
+        rec = self._current(model_id, "heal_failed", version, (ModelStatus.HEALING,))
+        forgotten = self._release(self._keys(model_id, rec.healing_replicas))
+        for i in rec.healing_replicas:
+            rec.lost_replicas[names.replica_label(i)] = f"replacement failed: {reason}"
+        rec.heal_attempts += 1
+        wait = heal_backoff_s(rec.heal_attempts, backoff_cap_s)
+        rec.next_heal_at = now + wait
+        rec.status, rec.healing_replicas = ModelStatus.DEGRADED, []
+        rec.message = f"self-healing failed (attempt {rec.heal_attempts}, next in {wait:.0f}s): {reason}"
+        return self._commit(rec, forgotten=forgotten)
+
+    def note(self, model_id: str, version: int, message: str, next_heal_at: float | None = None) -> Change:
+        rec = self._current(model_id, "note", version, ANY)
+        rec.message = message
+        if next_heal_at is not None:
+            rec.next_heal_at = next_heal_at
+        return self._commit(rec)
+
+    def delete(self, model_id: str) -> Change:
+        """Delete wins over anything in flight: no version check; deleting twice is one delete."""
+        rec = self._current(model_id, "delete", None, ANY)
+        if rec.status is ModelStatus.DELETING:
+            return Change(model_id, rec)
+        rec.status, rec.message = ModelStatus.DELETING, "removing the app, then its reservations"
+        return self._commit(rec)
+
+    def deleted(self, model_id: str, version: int) -> Change:
+        self._current(model_id, "deleted", version, (ModelStatus.DELETING,))
+        forgotten = [r.key for r in self.ledger.release(model_id)]
+        del self.records[model_id]
+        self.version += 1
+        return Change(model_id, None, forgotten=forgotten)
+
+    # --- transitions the registry makes itself --------------------------------------------------
+    def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> list[Change]:
+        """Free what replicas on dead nodes held and mark them lost.
+
+        A replica is on a dead node when the Ray node it was placed on is dead, even if a new
+        node has joined under the same name; old reservations without a node id go by name.
+        """
+        changes: dict[str, Change] = {}
+        for r in list(self.ledger.reservations.values()):
+            node = r.devices[0].rsplit(":", 1)[0] if r.devices else ""
+            gone = r.node_id in dead_node_ids if r.node_id else (node in dead_names and node not in alive_names)
+            if not gone:
+                continue
+            self.ledger.release_key(r.key)
+            rec = self.records.get(r.model_id)
+            if rec is None:
+                changes.setdefault(r.model_id, Change(r.model_id, None)).forgotten.append(r.key)
+                continue
+            rec = rec.model_copy(deep=True)
+            label = names.replica_label(r.replica)
+            rec.lost_replicas[label] = f"node of {', '.join(r.devices)} died"
+            rec.healing_replicas = [i for i in rec.healing_replicas if i != r.replica]
+            if rec.status is ModelStatus.READY or (rec.status is ModelStatus.HEALING and not rec.healing_replicas):
+                rec.status = ModelStatus.DEGRADED
+            if rec.status in SERVING or rec.status is ModelStatus.DEPLOYING:
+                rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"
+            change = self._commit(rec, forgotten=[r.key])
+            if r.model_id in changes:
+                change.forgotten = changes[r.model_id].forgotten + change.forgotten
+            changes[r.model_id] = change
+        return list(changes.values())
+
+    def drift(self, drifted: dict[str, float]) -> list[Change]:
+        """Show in each model's status where an engine uses > 5 % more or less than reserved."""
+        out = []
+        for rec in list(self.records.values()):
+            now = {}
+            for r in self.ledger.of_model(rec.model_id):
+                if r.key in drifted:
+                    now[names.replica_label(r.replica)] = (
+                        f"{drifted[r.key]:+.0%}: measured {r.measured_bytes / 2**30:.2f} GiB "
+                        f"vs reserved {r.bytes_per_device / 2**30:.2f} GiB")
+            if now != rec.drift:
+                rec = rec.model_copy(deep=True)
+                rec.drift = now
+                out.append(self._commit(rec))
+        return out
+
+    def rebuild_reservations(self, measured: dict[str, int | None]) -> list[Reservation]:
+        """The reservations the records imply: every replica of a model that holds memory,
+        except lost ones; active where the engine is up (left pending, they would expire)."""
+        self.ledger.reservations.clear()
+        for rec in self.records.values():
+            if rec.status not in HOLDING:
+                continue
+            for rp in rec.plan.replicas:
+                if names.replica_label(rp.index) in rec.lost_replicas:
+                    continue
+                r = Reservation.for_replica(rec.model_id, rp, measured.get(names.replica_key(rec.model_id, rp.index)))
+                if rec.status in SERVING and rp.index not in rec.healing_replicas:
+                    r.state = ReservationState.ACTIVE
+                self.ledger.reservations[r.key] = r
+        self.version += 1
+        return list(self.ledger.reservations.values())

@@ -1,0 +1,162 @@
+"""An in-memory ``Cluster`` (hive_apps/cluster.py) for running the registry and the admin's
+reconciler without Ray: nodes with simulated GPUs that can die, Serve apps whose engine
+deployments start, fail or hang as a test says, handles that call objects in this process
+(arguments and results copied as Ray would), and an internal KV that outlives a "restarted"
+registry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from hive_apps import names
+from hive_apps.cluster import AppState, NodeInfo
+from hive_apps.planning.deployment import plan_or_error
+from hive_apps.planning.types import Plan
+from hive_apps.registry.devices import NodeSample
+from hive_apps.registry.monitor import NODE_NAME_LABEL, simulated_gpus
+
+HEALTHY, UPDATING, FAILED = "HEALTHY", "UPDATING", "DEPLOY_FAILED"
+
+
+class _Method:
+    def __init__(self, target: Any, name: str):
+        self.target, self.name = target, name
+
+    def remote(self, *args, **kwargs):
+        args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
+
+        async def call():
+            result = getattr(self.target, self.name)(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return pickle.loads(pickle.dumps(result))
+
+        return call()
+
+
+class LocalHandle:
+    """``handle.method.remote(...)`` on an object in this process."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self.target, name)
+
+
+class Planner:
+    def plan(self, spec, devices):
+        return plan_or_error(spec, devices)
+
+
+@dataclass
+class FakeApp:
+    plan: Plan
+    builds: int = 1
+    deployments: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+
+
+class FakeEngine:
+    def __init__(self, devices: list[str], start_s: float):
+        self.devices, self.start_s = devices, start_s
+
+    def info(self) -> dict:
+        return {"devices": self.devices, "engine_start_s": self.start_s}
+
+
+class FakeCluster:
+    def __init__(self, nodes: dict[str, str]):
+        """``nodes``: node name -> simulated GPUs as in the ``ray-hive/sim-gpus`` label."""
+        self.node_infos: dict[str, NodeInfo] = {}
+        self.gpus: dict[str, list[str]] = {}
+        for name, keys in nodes.items():
+            self.add_node(name, keys)
+        self.apps: dict[str, FakeApp] = {}
+        self.kv: dict[tuple[str, str], bytes] = {}
+        self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner())}
+        self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
+        self.deleted: list[str] = []
+
+    # --- test controls ---------------------------------------------------------------------
+    def add_node(self, name: str, gpus: str, node_id: str | None = None) -> str:
+        node_id = node_id or f"{name}-{len(self.node_infos)}"
+        self.node_infos[node_id] = NodeInfo(node_id=node_id, alive=True, labels={NODE_NAME_LABEL: name})
+        self.gpus[node_id] = gpus.split(".")
+        return node_id
+
+    def kill_node(self, name: str) -> None:
+        for info in self.node_infos.values():
+            if info.labels[NODE_NAME_LABEL] == name:
+                info.alive = False
+
+    def serve(self, app_name: str, target: Any) -> None:
+        self.handles[app_name] = LocalHandle(target)
+
+    # --- Serve applications ------------------------------------------------------------------
+    def _engine_status(self, model_id: str, node_id: str) -> str:
+        if not self.node_infos[node_id].alive:
+            return UPDATING  # Serve cannot place a replica pinned to a dead node
+        return {"fail": FAILED, "hang": UPDATING}.get(self.start_mode.get(model_id, "ok"), HEALTHY)
+
+    def app_states(self) -> dict[str, AppState]:
+        out = {}
+        for name, app in self.apps.items():
+            deps = {names.ROUTER_DEPLOYMENT: HEALTHY}
+            deps.update({names.engine_deployment(rp.index): self._engine_status(name, rp.node_id) for rp in app.plan.replicas})
+            deps.update(app.deployments)
+            status = FAILED if FAILED in deps.values() else ("RUNNING" if set(deps.values()) == {HEALTHY} else "DEPLOYING")
+            msgs = {d: "RuntimeError: simulated engine start failure" for d, s in deps.items() if s == FAILED}
+            out[name] = AppState(status=status, deployments=deps, deployment_messages={**msgs, **app.messages})
+        return out
+
+    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None) -> None:
+        app = self.apps.get(model_id)
+        self.apps[model_id] = FakeApp(plan=plan, builds=(app.builds + 1) if app else 1)
+
+    def delete_app(self, name: str) -> None:
+        if self.apps.pop(name, None) is not None:
+            self.deleted.append(name)
+
+    # --- handles ------------------------------------------------------------------------------
+    def app_handle(self, name: str) -> Any:
+        return self.handles[name]
+
+    def engine_handle(self, model_id: str, index: int) -> Any:
+        rp = next(rp for rp in self.apps[model_id].plan.replicas if rp.index == index)
+        return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index))
+
+    # --- nodes --------------------------------------------------------------------------------
+    def nodes(self) -> list[NodeInfo]:
+        return [n.model_copy() for n in self.node_infos.values()]
+
+    def sample_nodes(self, nodes: list[NodeInfo]) -> dict[str, NodeSample | Exception]:
+        out = {}
+        for n in nodes:
+            if not n.alive:
+                continue
+            name = n.labels[NODE_NAME_LABEL]
+            out[n.node_id] = NodeSample(node_id=n.node_id, node_name=name, host_total_bytes=64 * 2**30,
+                                        host_used_bytes=8 * 2**30, cpu_count=8,
+                                        devices=simulated_gpus(n.node_id, name, self.gpus[n.node_id]))
+        return out
+
+    def reset_monitors(self) -> None:
+        pass
+
+    # --- durable state ------------------------------------------------------------------------
+    def kv_get(self, namespace: str, key: str) -> bytes | None:
+        return self.kv.get((namespace, key))
+
+    def kv_put(self, namespace: str, key: str, value: bytes) -> None:
+        self.kv[(namespace, key)] = value
+
+    def kv_delete(self, namespace: str, key: str) -> None:
+        self.kv.pop((namespace, key), None)
+
+    def kv_keys(self, namespace: str, prefix: str) -> list[str]:
+        return [k for ns, k in self.kv if ns == namespace and k.startswith(prefix)]

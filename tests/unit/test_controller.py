@@ -1,0 +1,346 @@
+"""The registry as the one owner of model state and the admin's reconciler, run against an
+in-memory cluster (tests/unit/fake_cluster.py): every step of deploy, heal and delete, and
+kills of the admin or the registry between any two of them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from hive_apps import names
+from hive_apps.admin.reconciler import Reconciler
+from hive_apps.cluster import set_cluster
+from hive_apps.registry.deployment import Registry
+from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState
+from hive_apps.settings import HiveSettings
+from hive_apps.spec import ModelSpec
+from tests.unit.fake_cluster import FakeCluster
+
+MODEL = str(Path(__file__).resolve().parents[1] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
+SETTINGS = HiveSettings(auth_disabled=True, deploy_timeout_s=30, heal_backoff_max_s=60)
+
+
+class Hive:
+    """A registry and a reconciler on a fake cluster, stepped by hand."""
+
+    def __init__(self, cluster: FakeCluster):
+        self.cluster = cluster
+        set_cluster(cluster)
+        self.registry = self.start_registry()
+        self.reconciler = Reconciler(cluster, SETTINGS, apply_grace_s=0)
+
+    def start_registry(self) -> Registry:
+        """A registry replica: a new one reads everything back from the KV."""
+        reg = Registry(SETTINGS)
+        reg._loop_task.cancel()  # the tests sample when they mean to
+        self.cluster.serve(names.REGISTRY_APP, reg)
+        return reg
+
+    async def sample(self) -> None:
+        await self.registry.sample_once()
+
+    async def deploy(self, model_id: str, **spec) -> ModelRecord:
+        spec = ModelSpec(model_id=model_id, model=MODEL, engine="sim", max_input_prompt_length=256,
+                         max_output_prompt_length=64, **spec)
+        outcome = await self.reconciler.planner.plan.remote(spec, await self.registry.capacities())
+        assert outcome.plan is not None, outcome.error
+        record = ModelRecord(model_id=model_id, spec=spec, plan=outcome.plan)
+        result = await self.registry.transition("create", model_id, record=record,
+                                                reservations=[Reservation.for_replica(model_id, rp) for rp in outcome.plan.replicas])
+        assert result.ok, result.message
+        return result.record
+
+    async def step(self, model_id: str) -> float | None:
+        return await self.reconciler.step(model_id, await self.registry.get_model(model_id))
+
+    async def settle(self, model_id: str, max_steps: int = 20) -> ModelRecord | None:
+        """Step until the model needs nothing more (or is waiting on time)."""
+        for _ in range(max_steps):
+            delay = await self.step(model_id)
+            if delay is None or delay > 1:
+                break
+        return await self.registry.get_model(model_id)
+
+    def reserved(self, model_id: str) -> dict[str, Reservation]:
+        return {r.key: r for r in self.registry.ledger.of_model(model_id)}
+
+
+@pytest.fixture
+async def hive():
+    h = Hive(FakeCluster({"node-a": "H100-80GB.H100-80GB", "node-b": "L4.L4"}))
+    await h.sample()
+    yield h
+    set_cluster(None)
+
+
+async def test_deploy_reaches_ready_with_active_reservations(hive):
+    rec = await hive.deploy("m", gpu="node-a:gpu0")
+    assert rec.status is ModelStatus.DEPLOYING and hive.reserved("m")["m/r0"].state is ReservationState.PENDING
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and rec.ready_at is not None
+    assert rec.engine_start_s == {"r0": 1.5}
+    assert hive.reserved("m")["m/r0"].state is ReservationState.ACTIVE
+    assert hive.cluster.apps["m"].builds == 1
+
+
+async def test_engine_start_failure_leaves_nothing(hive):
+    hive.cluster.start_mode["bad"] = "fail"
+    await hive.deploy("bad", gpu="node-b:gpu0")
+    rec = await hive.settle("bad")
+    assert rec.status is ModelStatus.FAILED and "simulated engine start failure" in rec.message
+    assert hive.reserved("bad") == {} and "bad" not in hive.cluster.apps
+    # and it can be deployed again under the same id
+    hive.cluster.start_mode["bad"] = "ok"
+    await hive.deploy("bad", gpu="node-b:gpu0")
+    assert (await hive.settle("bad")).status is ModelStatus.READY
+
+
+async def test_deploy_past_its_deadline_fails_and_frees(hive):
+    hive.cluster.start_mode["slow"] = "hang"
+    await hive.deploy("slow", gpu="node-b:gpu1")
+    assert await hive.step("slow") == 0.0  # app built
+    assert (await hive.registry.get_model("slow")).status is ModelStatus.DEPLOYING
+    hive.registry.book.records["slow"].starting_since = time.time() - SETTINGS.deploy_timeout_s - 1
+    rec = await hive.settle("slow")
+    assert rec.status is ModelStatus.FAILED and "not ready within" in rec.message
+    assert hive.reserved("slow") == {} and "slow" not in hive.cluster.apps
+
+
+async def test_stale_or_illegal_transitions_are_refused(hive):
+    rec = await hive.deploy("m", gpu="node-a:gpu0")
+    await hive.step("m")
+    fresh = await hive.registry.get_model("m")
+    stale = await hive.registry.transition("started", "m", version=rec.version)
+    assert not stale.ok and stale.status_code == 409 and "changed" in stale.message
+    illegal = await hive.registry.transition("heal", "m", version=fresh.version, replacements=[])
+    assert not illegal.ok and "starts only from degraded" in illegal.message
+    unknown = await hive.registry.transition("put_model", "m")
+    assert not unknown.ok and unknown.status_code == 400
+
+
+async def test_node_lost_during_deploy_heals_elsewhere(hive):
+    hive.cluster.kill_node("node-a")  # two single-H100 nodes instead, so the replicas land apart
+    hive.cluster.add_node("node-c", "H100-80GB")
+    hive.cluster.add_node("node-d", "H100-80GB")
+    await hive.sample()
+    await hive.deploy("m", replicas=2)
+    rec = await hive.registry.get_model("m")
+    lost_node = rec.plan.replicas[1].node_name
+    await hive.step("m")  # app built
+    hive.cluster.kill_node(lost_node)
+    await hive.sample()
+    rec = await hive.registry.get_model("m")
+    assert set(rec.lost_replicas) == {"r1"} and set(hive.reserved("m")) == {"m/r0"}
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY, rec.message
+    assert all(rp.node_name != lost_node for rp in rec.plan.replicas)
+    assert set(hive.reserved("m")) == {"m/r0", "m/r1"}
+    assert all(r.state is ReservationState.ACTIVE for r in hive.reserved("m").values())
+
+
+async def test_deploy_whose_every_replica_died_fails(hive):
+    await hive.deploy("m", gpu="node-b:gpu0")
+    await hive.step("m")
+    hive.cluster.kill_node("node-b")
+    await hive.sample()
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.FAILED and "died during the deploy" in rec.message
+    assert hive.reserved("m") == {} and "m" not in hive.cluster.apps
+
+
+async def test_node_lost_during_heal_ends_healed_never_ready_with_a_gap(hive):
+    """The lost update: a second node dies while the first heal is in flight."""
+    hive.cluster.add_node("node-c", "H100-80GB")
+    await hive.sample()
+    await hive.deploy("m", replicas=2)
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY
+    first = rec.plan.replicas[0].node_name
+    hive.cluster.kill_node(first)
+    await hive.sample()
+    assert (await hive.registry.get_model("m")).status is ModelStatus.DEGRADED
+    await hive.step("m")  # heal: replacement placed
+    healing = await hive.registry.get_model("m")
+    assert healing.status is ModelStatus.HEALING
+    await hive.step("m")  # replacement app built
+    before_loss = await hive.registry.get_model("m")
+    # the node of the replacement dies before the reconciler saw it start
+    hive.cluster.kill_node(before_loss.plan.replicas[0].node_name)
+    await hive.sample()
+    stale = await hive.registry.transition("started", "m", version=before_loss.version, engine_start_s={})
+    assert not stale.ok  # the healer's copy is stale: it cannot overwrite the loss
+    mid = await hive.registry.get_model("m")
+    assert mid.status is ModelStatus.HEALING and set(mid.lost_replicas) == {"r0"} and mid.healing_replicas == [1]
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and rec.lost_replicas == {}
+    alive = {n.labels["ray-hive/node"] for n in hive.cluster.nodes() if n.alive}
+    assert {rp.node_name for rp in rec.plan.replicas} <= alive
+    assert set(hive.reserved("m")) == {"m/r0", "m/r1"}
+
+
+async def test_pinned_replicas_are_not_moved(hive):
+    await hive.deploy("p", gpu=["node-a:gpu0", "node-b:gpu0"], replicas=2)
+    await hive.settle("p")
+    hive.cluster.kill_node("node-b")
+    await hive.sample()
+    rec = await hive.settle("p")
+    assert rec.status is ModelStatus.DEGRADED and "pinned replicas are not replaced" in rec.message
+    assert set(hive.reserved("p")) == {"p/r0"}
+
+
+async def test_failed_heals_back_off_exponentially(hive):
+    await hive.deploy("m")
+    await hive.settle("m")
+    node = (await hive.registry.get_model("m")).plan.replicas[0].node_name
+    hive.cluster.kill_node(node)
+    await hive.sample()
+    hive.cluster.start_mode["m"] = "fail"
+    waits = []
+    for _ in range(3):
+        rec = await hive.settle("m")
+        assert rec.status is ModelStatus.DEGRADED and rec.healing_replicas == []
+        waits.append(round(rec.next_heal_at - time.time()))
+        hive.registry.book.records["m"].next_heal_at = 0  # time passes
+    assert waits == [2, 4, 8] and rec.heal_attempts == 3
+    assert "self-healing failed (attempt 3" in rec.message
+    hive.cluster.start_mode["m"] = "ok"
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and rec.heal_attempts == 0
+
+
+async def test_delete_during_deploy_builds_nothing_or_removes_it(hive):
+    await hive.deploy("early")
+    await hive.registry.transition("delete", "early")
+    await hive.settle("early")
+    assert await hive.registry.get_model("early") is None and "early" not in hive.cluster.apps
+    assert hive.reserved("early") == {}
+
+    await hive.deploy("late")
+    await hive.step("late")  # the app is built, not yet ready
+    await hive.registry.transition("delete", "late")
+    await hive.settle("late")
+    assert await hive.registry.get_model("late") is None and "late" not in hive.cluster.apps
+    assert hive.reserved("late") == {}
+
+
+async def test_node_lost_during_delete(hive):
+    await hive.deploy("m", gpu="node-b:gpu1")
+    await hive.settle("m")
+    await hive.registry.transition("delete", "m")
+    hive.cluster.kill_node("node-b")
+    await hive.sample()
+    assert (await hive.registry.get_model("m")).status is ModelStatus.DELETING
+    await hive.settle("m")
+    assert await hive.registry.get_model("m") is None and hive.reserved("m") == {} and "m" not in hive.cluster.apps
+
+
+async def test_admin_restart_mid_deploy_and_mid_heal(hive):
+    await hive.deploy("m", replicas=2)
+    await hive.step("m")  # app built; then this admin dies
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=0)
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 1
+
+    hive.cluster.kill_node(rec.plan.replicas[1].node_name)
+    await hive.sample()
+    await hive.step("m")  # heal placed; the admin dies before building the app
+    assert (await hive.registry.get_model("m")).status is ModelStatus.HEALING
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=0)
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 2
+
+
+async def test_registry_restart_mid_deploy_keeps_record_reservations_and_locks(hive):
+    await hive.deploy("m", gpu="node-a:gpu1")
+    await hive.step("m")
+    assert await hive.registry.acquire_start_lock(["node-a:gpu1"], "m/r0", 600)
+    before = await hive.registry.get_model("m")
+    hive.registry = hive.start_registry()  # the registry replica was killed and came back
+    await hive.sample()
+    assert (await hive.registry.get_model("m")) == before
+    assert hive.reserved("m")["m/r0"].state is ReservationState.PENDING
+    assert not await hive.registry.acquire_start_lock(["node-a:gpu1"], "other/r0", 600)  # still held
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 1
+
+
+async def test_concurrent_retries_of_a_failed_id_admit_one(hive):
+    hive.cluster.start_mode["retry"] = "fail"
+    await hive.deploy("retry", gpu="node-a:gpu0")
+    assert (await hive.settle("retry")).status is ModelStatus.FAILED
+    hive.cluster.start_mode["retry"] = "ok"
+    spec = ModelSpec(model_id="retry", model=MODEL, engine="sim", gpu="node-a:gpu0",
+                     max_input_prompt_length=256, max_output_prompt_length=64)
+    plan = (await hive.reconciler.planner.plan.remote(spec, await hive.registry.capacities())).plan
+    record = ModelRecord(model_id="retry", spec=spec, plan=plan)
+    outcomes = await asyncio.gather(*(
+        hive.registry.transition("create", "retry", record=record, reservations=[Reservation.for_replica("retry", plan.replicas[0])])
+        for _ in range(8)))
+    assert sorted(o.ok for o in outcomes) == [False] * 7 + [True]
+    assert {o.status_code for o in outcomes if not o.ok} == {409}
+    assert len(hive.reserved("retry")) == 1
+    assert (await hive.settle("retry")).status is ModelStatus.READY
+
+
+async def test_reset_rebooks_only_models_that_hold_memory(hive):
+    hive.cluster.start_mode["gone"] = "fail"
+    await hive.deploy("gone", gpu="node-b:gpu0")
+    await hive.settle("gone")
+    await hive.deploy("kept", gpu="node-b:gpu1")
+    await hive.settle("kept")
+    await hive.deploy("leaving", gpu="node-a:gpu0")
+    await hive.settle("leaving")
+    await hive.registry.transition("delete", "leaving")
+    await hive.registry.reset()
+    assert set(hive.registry.ledger.reservations) == {"kept/r0"}
+    assert hive.registry.ledger.reservations["kept/r0"].state is ReservationState.ACTIVE
+
+
+async def test_node_rejoining_under_the_same_name_loses_its_old_replicas(hive):
+    await hive.deploy("m")
+    rec = await hive.settle("m")
+    node, old_id = rec.plan.replicas[0].node_name, rec.plan.replicas[0].node_id
+    hive.cluster.kill_node(node)
+    hive.cluster.add_node(node, "H100-80GB.H100-80GB" if node == "node-a" else "L4.L4")  # same name, new node
+    await hive.sample()
+    rec = await hive.registry.get_model("m")
+    assert "r0" in rec.lost_replicas, "a replica on the old node must count as lost"
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY
+    assert rec.plan.replicas[0].node_id != old_id
+
+
+async def test_orphan_model_apps_are_removed_and_user_apps_kept(hive):
+    rec = await hive.deploy("m", gpu="node-a:gpu0")
+    hive.cluster.run_model_app("orphan", rec.plan, None)
+    hive.cluster.apps["users-own"] = hive.cluster.apps["orphan"].__class__(plan=rec.plan, deployments={"Ingress": "HEALTHY"})
+    await hive.step("m")
+    removed = await hive.reconciler.sweep(await hive.registry.list_models())
+    assert removed == ["orphan"]
+    assert set(hive.cluster.apps) == {"m", "users-own"}
+
+
+async def test_watch_answers_at_once_on_a_change(hive):
+    version = (await hive.registry.watch(-1, 0)).version
+    waiter = asyncio.create_task(hive.registry.watch(version, 30))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    t0 = time.monotonic()
+    await hive.deploy("m", gpu="node-a:gpu0")
+    view = await asyncio.wait_for(waiter, 1)
+    assert time.monotonic() - t0 < 0.25 and view.version > version
+    assert [r.model_id for r in view.models] == ["m"]
+
+
+async def test_corrupt_stored_record_is_quarantined(hive):
+    await hive.deploy("good", gpu="node-a:gpu0")
+    ns = SETTINGS.state_namespace
+    hive.cluster.kv[(ns, "model/bad")] = b'{"model_id": "bad", "not": "a record"}'
+    hive.cluster.kv[(ns, "model/old")] = (await hive.registry.get_model("good")).model_copy(
+        update={"model_id": "old"}).model_dump_json().replace('"schema_version":1', '"schema_version":99').encode()
+    hive.registry = hive.start_registry()
+    assert [r.model_id for r in await hive.registry.list_models()] == ["good"]
+    assert (ns, "quarantine/model/bad") in hive.cluster.kv and (ns, "quarantine/model/old") in hive.cluster.kv
