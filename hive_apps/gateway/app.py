@@ -17,18 +17,15 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hive_apps import names
 from hive_apps.auth import check_api_key, warn_if_open
-from hive_apps.cluster import get_cluster
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import SERVING, ModelRecord
+from hive_apps.routing.follow import ModelReplicas, follow_registry
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
-from hive_apps.routing.replica_set import ReplicaSet, default_queue_bound, replica_fingerprint
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
 
-WATCH_S = 30.0
 FIRST_VIEW_TIMEOUT_S = 10.0
 
 
@@ -38,45 +35,19 @@ class Gateway:
         self.settings = get_settings()
         warn_if_open(self.settings, "hive-gateway")
         self._models: dict[str, ModelRecord] = {}
-        self._sets: dict[str, tuple[tuple, ReplicaSet]] = {}
+        self._replicas = ModelReplicas()
         self._seen = asyncio.Event()
-        self._follower = asyncio.get_event_loop().create_task(self._follow())
+        self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
-    async def _follow(self) -> None:
-        """Keep the set of serving models as the registry announces changes."""
-        registry = get_cluster().app_handle(names.REGISTRY_APP)
-        after = -1
-        while True:
-            try:
-                view = await registry.watch.remote(after, WATCH_S)
-                after = view.version
-                self._models = {r.model_id: r for r in view.models if r.status in SERVING}
-                for gone in set(self._sets) - set(self._models):
-                    self._sets.pop(gone)[1].close()
-                self._seen.set()
-            except Exception as e:  # the registry is restarting: ask again shortly
-                log.warning("following the registry failed: %s", e)
-                await asyncio.sleep(0.5)
+    def _on_models(self, records: list[ModelRecord]) -> None:
+        self._models = {r.model_id: r for r in records if r.status in SERVING}
+        self._replicas.keep_only(set(self._models))
+        self._seen.set()
 
     async def ready_models(self) -> dict[str, ModelRecord]:
         if not self._seen.is_set():
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
         return self._models
-
-    def _replicas(self, rec: ModelRecord) -> ReplicaSet:
-        """The model's replica set, rebuilt when its live replicas changed (one was lost or moved)."""
-        live = rec.plan.model_copy(update={"replicas": [
-            rp for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]})
-        fingerprint = replica_fingerprint(live)
-        known = self._sets.get(rec.model_id)
-        if known is None or known[0] != fingerprint:
-            if known is not None:
-                known[1].close()
-            bound = default_queue_bound(rec.plan, rec.spec.max_queued_requests)
-            replicas = ReplicaSet.of_app(rec.model_id, live, bound)
-            replicas.start()
-            self._sets[rec.model_id] = (fingerprint, replicas)
-        return self._sets[rec.model_id][1]
 
     async def __call__(self, request: Request) -> Response:
         reason = check_api_key(self.settings, request.headers.get("authorization"))
@@ -100,7 +71,7 @@ class Gateway:
         if fields.model not in models:
             known = ", ".join(models) or "none yet"
             return openai_error(404, f"The model `{fields.model}` does not exist or is not ready (ready models: {known}).", "model")
-        return await respond(self._replicas(models[fields.model]), req, fields)
+        return await respond(self._replicas.of(models[fields.model]), req, fields)
 
 
 def build(_: dict | None = None):

@@ -55,11 +55,6 @@ def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
     return max(rp.settings.max_num_seqs for rp in plan.replicas)
 
 
-def replica_fingerprint(plan: Plan) -> tuple:
-    """What identifies the engines a plan runs: a changed plan needs new handles."""
-    return tuple((rp.index, rp.node_id, tuple(rp.device_indices)) for rp in plan.replicas)
-
-
 class ReplicaSet:
     def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.model_id = model_id

@@ -1,10 +1,14 @@
 """The per-model router: ingress of the model's app at ``/<model_id>``.
 
 A thin Serve shell around ``ReplicaSet``: it checks the API key, cuts the route prefix
-and passes the request to the best replica.
+and passes the request to the best replica. It starts from the engines its app was built
+with and follows the model's record in the registry, so a replica lost with its node stops
+getting requests as soon as the registry records the loss.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -16,6 +20,8 @@ from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
+from hive_apps.registry.records import SERVING, ModelRecord
+from hive_apps.routing.follow import ModelReplicas, follow_registry
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 
@@ -23,8 +29,18 @@ from hive_apps.settings import get_settings
 class Router:
     def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.settings = get_settings()
-        self.replicas = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
-        self.replicas.start()
+        self.model_id = model_id
+        first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
+        first.start()
+        self.replicas = first
+        self._sets = ModelReplicas()
+        self._sets.adopt(model_id, replicas, first)
+        self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
+
+    def _on_models(self, records: list[ModelRecord]) -> None:
+        rec = next((r for r in records if r.model_id == self.model_id), None)
+        if rec is not None and rec.status in SERVING:
+            self.replicas = self._sets.of(rec)
 
     async def __call__(self, request: Request) -> Response:
         """HTTP entry at /<model_id>/...: the path below the prefix goes to the engine as is."""

@@ -192,3 +192,63 @@ def test_host_ram_is_tracked_per_node(clean):
     assert r.status_code == 200, r.text
     held = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["head"]["host_reserved_bytes"]
     assert held == r.json()["replicas"]["r0"]["reservation_bytes"]
+
+
+def test_node_dying_while_a_heal_is_in_flight_ends_healed(clean):
+    """The lost update of the old admin: it wrote back its copy of the record after a heal and
+    erased a loss recorded meanwhile, leaving the model 'ready' with a replica gone."""
+    hive = clean
+    first = add_sim_node(hive, "node-e", "H200")
+    second = add_sim_node(hive, "node-f", "H200")
+    r = hive.deploy(model_id="lazarus", model=SIM_MODEL, engine="sim",
+                    vllm_kwargs={"sim_tokens_per_s": 1000, "sim_start_delay_s": 3})
+    assert r.status_code == 200, r.text
+    start_node = r.json()["replicas"]["r0"]["devices"][0].split(":")[0]
+    assert start_node in ("node-e", "node-f")
+    nodes = {"node-e": first, "node-f": second}
+    hive.cluster.remove_node(nodes.pop(start_node))
+    dead = {start_node}
+    deadline = time.time() + 60
+    while True:  # the heal is in flight: kill the node its replacement went to
+        status = hive.admin.get("/models/lazarus").json()
+        if status["status"] == "healing":
+            target = status["replicas"]["r0"]["devices"][0].split(":")[0]
+            if target in nodes:
+                hive.cluster.remove_node(nodes.pop(target))
+                dead.add(target)
+            break
+        assert time.time() < deadline, f"no heal began: {status}"
+        time.sleep(0.2)
+    deadline = time.time() + 120
+    while True:
+        status = hive.admin.get("/models/lazarus").json()
+        placed = {d.split(":")[0] for d in status["replicas"]["r0"]["devices"]}
+        if status["status"] == "ready":
+            assert not status["lost_replicas"] and not placed & dead, f"ready with a replica missing: {status}"
+            if time.time() > deadline - 110:  # seen ready, and on a live node
+                break
+        assert time.time() < deadline, f"not healed: {status}"
+        time.sleep(0.2)
+    out = hive.api.post("/v1/chat/completions", json={"model": "lazarus", "max_tokens": 1,
+                                                      "messages": [{"role": "user", "content": "alive?"}]})
+    assert out.status_code == 200, out.text
+
+
+def test_a_model_is_routable_on_v1_as_soon_as_it_is_ready(clean):
+    hive = clean
+    r = hive.deploy(wait=False, **small_spec("prompt", "node-b:gpu0", sim_start_delay_s=2))
+    assert r.status_code == 202, r.text
+    body = {"model": "prompt", "max_tokens": 1, "messages": [{"role": "user", "content": "now?"}]}
+    deadline = time.time() + 120
+    while True:
+        out = hive.api.post("/v1/chat/completions", json=body)
+        if out.status_code == 200:
+            answered = time.time()
+            break
+        assert out.status_code == 404, out.text
+        assert time.time() < deadline
+        time.sleep(0.02)
+    ready_at = hive.admin.get("/models/prompt").json()["ready_at"]
+    lag_ms = (answered - ready_at) * 1000
+    print(f"\n[figure] /v1 answered {lag_ms:.0f} ms after the registry recorded 'ready' (request time included)")
+    assert lag_ms < 1000

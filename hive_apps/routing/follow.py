@@ -1,0 +1,78 @@
+"""Routing state that follows the registry: long-poll its model records, keep replica sets.
+
+The gateway (every model) and each model's router (its own model) learn of a model that
+became ready, a replica that was lost or moved, or a model that went away as soon as the
+registry records it (``Registry.watch``), not on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from hive_apps import names
+from hive_apps.cluster import get_cluster
+from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.registry.records import ModelRecord
+from hive_apps.routing.replica_set import ReplicaSet, default_queue_bound
+
+log = logging.getLogger("ray.serve")
+
+WATCH_S = 30.0
+RETRY_S = 0.5
+
+
+def live_plan(rec: ModelRecord) -> Plan:
+    """The model's plan without the replicas it lost: nothing is sent to a dead node."""
+    return rec.plan.model_copy(update={"replicas": [
+        rp for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]})
+
+
+def replica_fingerprint(replicas: list[ReplicaPlan]) -> tuple:
+    """What identifies the engines a plan runs: changed engines need new handles."""
+    return tuple((rp.index, rp.node_id, tuple(rp.device_indices)) for rp in replicas)
+
+
+class ModelReplicas:
+    """One ``ReplicaSet`` per serving model, rebuilt when its live replicas change."""
+
+    def __init__(self) -> None:
+        self._sets: dict[str, tuple[tuple, ReplicaSet]] = {}
+
+    def keep_only(self, model_ids: set[str]) -> None:
+        for gone in set(self._sets) - model_ids:
+            self._sets.pop(gone)[1].close()
+
+    def of(self, rec: ModelRecord) -> ReplicaSet:
+        live = live_plan(rec)
+        fingerprint = replica_fingerprint(live.replicas)
+        known = self._sets.get(rec.model_id)
+        if known is None or known[0] != fingerprint:
+            if known is not None:
+                known[1].close()
+            replicas = ReplicaSet.of_app(rec.model_id, live, default_queue_bound(rec.plan, rec.spec.max_queued_requests))
+            replicas.start()
+            self._sets[rec.model_id] = (fingerprint, replicas)
+        return self._sets[rec.model_id][1]
+
+    def adopt(self, model_id: str, plans: list[ReplicaPlan], replicas: ReplicaSet) -> None:
+        """Start from a replica set made elsewhere (a router's, from its bound handles)."""
+        self._sets[model_id] = (replica_fingerprint(plans), replicas)
+
+
+async def follow_registry(on_models: Callable[[list[ModelRecord]], None]) -> None:
+    """Call ``on_models`` with every record each time the registry's book changes."""
+    registry = get_cluster().app_handle(names.REGISTRY_APP)
+    after = -1
+    while True:
+        try:
+            view = await registry.watch.remote(after, WATCH_S)
+            if view.version != after:
+                after = view.version
+                on_models(view.models)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the registry is restarting: ask again shortly
+            log.warning("following the registry failed: %s", e)
+            await asyncio.sleep(RETRY_S)
