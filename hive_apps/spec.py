@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 RESERVED_MODEL_IDS = frozenset({"admin", "v1", "docs", "openapi.json", "metrics", "healthz"})
 RESERVED_PREFIX = "hive-"
-MODEL_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+MODEL_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # matched in full: "admin\n" is no slug
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+:(gpu\d+|cpu)$")
 
 
@@ -53,8 +53,8 @@ class ModelSpec(BaseModel):
         description='Built-in placement policy; a user policy goes in vllm_kwargs["hive_placement_policy"] '
                     '= "package.module.ClassName" and replaces it.',
     )
-    sleep_timeout: float | None = Field(None, ge=0, description="Seconds idle before the engine sleeps.")
-    idle_timeout: float | None = Field(None, ge=0, description="Seconds idle before the model is removed.")
+    sleep_timeout: float | None = Field(None, ge=0, description="Not built yet: refused when set (see the lifecycle issue).")
+    idle_timeout: float | None = Field(None, ge=0, description="Not built yet: refused when set (see the lifecycle issue).")
     engine: EngineKind = EngineKind.VLLM
     max_queued_requests: int | None = Field(
         None, ge=0,
@@ -65,7 +65,7 @@ class ModelSpec(BaseModel):
     @field_validator("model_id")
     @classmethod
     def _model_id_is_a_free_slug(cls, v: str) -> str:
-        if not MODEL_ID_RE.match(v):
+        if not MODEL_ID_RE.fullmatch(v):
             raise ValueError(
                 "must be a lowercase slug (a-z, 0-9, '-', 1-63 chars, starting and ending "
                 f"with a letter or digit), got {v!r}; for example 'qwen3-8b'"
@@ -75,6 +75,14 @@ class ModelSpec(BaseModel):
                 f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
                 f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
             )
+        return v
+
+    @field_validator("sleep_timeout", "idle_timeout")
+    @classmethod
+    def _lifecycle_not_built_yet(cls, v: float | None, info) -> float | None:
+        if v is not None:
+            raise ValueError(f"{info.field_name} is not supported yet: models stay resident until "
+                             "DELETE /admin/models/{id}; leave the field out")
         return v
 
     @field_validator("replicas")

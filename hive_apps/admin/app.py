@@ -90,7 +90,7 @@ class Admin:
 
     def __init__(self):
         self.settings = get_settings()
-        warn_if_open(self.settings, "hive-admin")
+        warn_if_open(self.settings, names.ADMIN_APP)
         self.cluster = get_cluster()
         self.reconciler = Reconciler(self.cluster, self.settings)
         self._watcher = asyncio.get_event_loop().create_task(self._watch_records())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from hive_apps import names
+
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
 from hive_apps.registry.records import ModelRecord, ModelStatus
 
@@ -43,13 +45,13 @@ class ModelStatusResponse(BaseModel):
             engine=rec.spec.engine.value,
             status=rec.status,
             message=rec.message,
-            route=f"/{rec.model_id}",
+            route=names.model_route(rec.model_id),
             status_url=f"/admin/models/{rec.model_id}",
             replicas={
-                f"r{rp.index}": ReplicaStatus(
+                names.replica_label(rp.index): ReplicaStatus(
                     node=rp.node_name, devices=rp.devices, device_kind=rp.device_kind.value,
                     settings=rp.settings, memory=rp.memory, reservation_bytes=rp.reservation_bytes,
-                    engine_start_s=rec.engine_start_s.get(f"r{rp.index}"),
+                    engine_start_s=rec.engine_start_s.get(names.replica_label(rp.index)),
                 )
                 for rp in rec.plan.replicas
             },

@@ -17,6 +17,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hive_apps import names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import SERVING, ModelRecord
@@ -33,7 +34,7 @@ FIRST_VIEW_TIMEOUT_S = 10.0
 class Gateway:
     def __init__(self):
         self.settings = get_settings()
-        warn_if_open(self.settings, "hive-gateway")
+        warn_if_open(self.settings, names.GATEWAY_APP)
         self._models: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas()
         self._seen = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hive_apps import names
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.types import Plan
 
@@ -26,14 +27,14 @@ def render_plan_table(plan: Plan) -> str:
     for r in plan.replicas:
         s, m = r.settings, r.memory
         rows.append((
-            f"r{r.index}", ",".join(r.devices), str(s.tensor_parallel_size), str(s.max_num_seqs),
+            names.replica_label(r.index), ",".join(r.devices), str(s.tensor_parallel_size), str(s.max_num_seqs),
             str(s.max_num_batched_tokens), str(s.max_model_len), f"{s.gpu_memory_utilization:.3f}",
             f"{s.kv_cache_memory_bytes} ({human_bytes(s.kv_cache_memory_bytes)})", human_bytes(m.weights),
             human_bytes(m.kv_cache), human_bytes(m.activations), human_bytes(m.overhead), human_bytes(m.total),
             f"{r.expected_tokens_per_s:.0f}" if r.expected_tokens_per_s is not None else "-",
         ))
     parts = [head, _table(_COLUMNS, rows)]
-    notes = list(plan.notes) + [f"r{r.index}: {n}" for r in plan.replicas for n in r.notes]
+    notes = list(plan.notes) + [f"{names.replica_label(r.index)}: {n}" for r in plan.replicas for n in r.notes]
     if notes:
         parts.append("notes:\n" + "\n".join(f"  - {n}" for n in notes))
     if plan.rejected:

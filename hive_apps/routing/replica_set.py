@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from ray.serve.handle import DeploymentHandle
 
+from hive_apps import names
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
@@ -162,7 +163,7 @@ class ReplicaSet:
         if failed is not None:
             return failed
         merged = merge_answers(split, [json.loads(body) for _, body in replies])
-        served = ",".join(f"r{part.replica}" for part in split.parts)
+        served = ",".join(names.replica_label(part.replica) for part in split.parts)
         return ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served)]), json.dumps(merged).encode()
 
     def _plan_split(self, path: str, body: dict[str, Any] | None) -> Split | None:
@@ -265,4 +266,4 @@ async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncIterator[ResponseStart
 
 def _served_by(start: ResponseStart, index: int) -> ResponseStart:
     """Tell the client which replica answered (``x-hive-replica: r1``), for debugging and tests."""
-    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, f"r{index}")]})
+    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, names.replica_label(index))]})

@@ -54,3 +54,26 @@ def test_unknown_field_and_owned_kwargs_rejected():
         spec(replica=2)
     with pytest.raises(ValidationError, match="set by the hive"):
         spec(vllm_kwargs={"model": "other"})
+
+
+def test_model_id_must_match_in_full():
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.spec import ModelSpec
+
+    for bad in ("admin\n", "qwen\n", "ok\nadmin"):
+        with pytest.raises(ValidationError, match="lowercase slug"):
+            ModelSpec(model_id=bad, model="x")
+
+
+def test_lifecycle_timeouts_are_refused_until_built():
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.spec import ModelSpec
+
+    for field in ("sleep_timeout", "idle_timeout"):
+        with pytest.raises(ValidationError, match=f"{field} is not supported yet"):
+            ModelSpec(model_id="m", model="x", **{field: 60})
+    assert ModelSpec(model_id="m", model="x").sleep_timeout is None
