@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hive_apps import names
-from hive_apps.admin.reconciler import Reconciler
+from hive_apps.admin.reconciler import POLL_S, Reconciler
 from hive_apps.cluster import set_cluster
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState
@@ -344,3 +344,15 @@ async def test_corrupt_stored_record_is_quarantined(hive):
     hive.registry = hive.start_registry()
     assert [r.model_id for r in await hive.registry.list_models()] == ["good"]
     assert (ns, "quarantine/model/bad") in hive.cluster.kv and (ns, "quarantine/model/old") in hive.cluster.kv
+
+
+async def test_a_rebuild_is_not_judged_on_serve_status_from_before_it(hive):
+    """Serve's status lags a rebuild: a broken status right after building is not yet a failure."""
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=3)
+    hive.cluster.start_mode["m"] = "fail"
+    await hive.deploy("m", gpu="node-a:gpu0")
+    await hive.step("m")  # built
+    assert await hive.step("m") == POLL_S and (await hive.registry.get_model("m")).status is ModelStatus.DEPLOYING
+    hive.registry.book.records["m"].applied_at -= 3
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.FAILED
