@@ -36,6 +36,7 @@ log = logging.getLogger("ray.serve")
 WATCH_S = 30.0  # longest single long-poll of the registry
 SWEEP_S = 30.0  # how often apps that no record explains are looked for
 DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
+FAILED_CLEANUP_WAIT_S = 60.0
 
 
 class AdminError(Exception):
@@ -169,6 +170,7 @@ class Admin:
                 raise AdminError(409, f"model {spec.model_id!r} was deleted while it deployed", "model_id")
         body = ModelStatusResponse.of(rec).model_dump(mode="json")
         if rec.status is ModelStatus.FAILED:
+            await self.reconciler.idle(spec.model_id, FAILED_CLEANUP_WAIT_S)  # its app is removed first
             return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
         return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 

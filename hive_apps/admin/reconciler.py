@@ -97,6 +97,14 @@ class Reconciler:
                 except asyncio.TimeoutError:
                     pass
 
+    async def idle(self, model_id: str, timeout_s: float) -> bool:
+        """Wait until the model's loop has nothing left to do (a failed deploy's app is gone)."""
+        task = self.loops.get(model_id)
+        if task is None or task.done():
+            return True
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        return bool(done)
+
     def stop(self) -> None:
         for task in self.loops.values():
             task.cancel()
