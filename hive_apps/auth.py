@@ -23,7 +23,11 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def _matches(token: str | None, allowed: set[str]) -> bool:
-    return token is not None and any(hmac.compare_digest(token, k) for k in allowed)
+    """Constant-time; compared as bytes, so a token with non-ASCII characters is just wrong."""
+    if token is None:
+        return False
+    given = token.encode("utf-8", "surrogateescape")
+    return any(hmac.compare_digest(given, k.encode("utf-8", "surrogateescape")) for k in allowed)
 
 
 def check_api_key(settings: HiveSettings, authorization: str | None) -> str | None:
@@ -42,6 +46,15 @@ def check_admin_token(settings: HiveSettings, authorization: str | None) -> str 
     if _matches(bearer_token(authorization), {settings.admin_token}):
         return None
     return "invalid or missing admin token: send 'Authorization: Bearer <HIVE_ADMIN_TOKEN>'"
+
+
+def check_monitor_token(settings: HiveSettings, authorization: str | None) -> str | None:
+    """The monitor agent's own token (``HIVE_MONITOR_TOKEN``), good only for pushing samples."""
+    if not settings.monitor_token:
+        return "no monitor token is configured (set HIVE_MONITOR_TOKEN)"
+    if _matches(bearer_token(authorization), {settings.monitor_token}):
+        return None
+    return "invalid or missing monitor token"
 
 
 def warn_if_open(settings: HiveSettings, component: str) -> None:

@@ -35,6 +35,7 @@ class HiveSettings(BaseSettings):
     admin_token: str | None = Field(None, description="Bearer token for /admin (required unless auth is disabled).")
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated API keys for /v1 and /<model_id>/v1.")
     api_keys_file: Path | None = Field(None, description="A file with one API key per line, re-read when it changes.")
+    monitor_token: str | None = Field(None, description="Bearer token of the monitor agents, accepted only on POST /admin/registry/samples.")
     auth_disabled: bool = Field(False, description="Allow requests where no token/key is configured (logs a warning).")
     memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the planner may use.")
     monitor_interval_s: float = Field(1.0, gt=0, description="Seconds between device samples of every node.")
@@ -42,6 +43,7 @@ class HiveSettings(BaseSettings):
     pending_reservation_ttl_s: float = Field(960.0, gt=0, description="Free a reservation whose engine never came up after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node where capacity exists.")
     heal_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between self-healing attempts of one model (doubles from 2 s).")
+    engine_read_timeout_s: float = Field(600.0, gt=0, description="A request fails when its engine sends nothing for this long.")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
@@ -54,7 +56,7 @@ class HiveSettings(BaseSettings):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
 
-    @field_validator("admin_token", "api_keys_file", mode="before")
+    @field_validator("admin_token", "monitor_token", "api_keys_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, v):
         return None if v == "" else v

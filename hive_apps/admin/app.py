@@ -14,15 +14,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 
 from hive_apps import names
+from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse
-from hive_apps.auth import check_admin_token, warn_if_open
+from hive_apps.auth import warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
@@ -45,8 +47,9 @@ class AdminError(Exception):
         self.status, self.message, self.field, self.extra = status, message, field, extra
 
 
-def error_response(status: int, message: str, field: str | None = None, **extra) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "field": field, "status": status, **extra}}, status_code=status)
+def error_response(status: int, message: str, field: str | None = None, headers: dict | None = None, **extra) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "field": field, "status": status, **extra}},
+                        status_code=status, headers=headers)
 
 
 app = FastAPI(
@@ -55,6 +58,17 @@ app = FastAPI(
     docs_url="/docs",
     openapi_url="/openapi.json",
 )
+
+
+app.add_middleware(AdminGuard, settings=get_settings)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, e: StarletteHTTPException):
+    """Framework errors (unknown path, wrong method, unparsable body) get the hive's error body."""
+    hints = {404: "unknown path; GET /admin/docs lists the admin API",
+             405: "this method is not allowed on this path; GET /admin/docs lists the admin API"}
+    return error_response(e.status_code, hints.get(e.status_code, str(e.detail)), headers=getattr(e, "headers", None))
 
 
 @app.exception_handler(AdminError)
@@ -76,12 +90,6 @@ async def _validation_error(_: Request, e: RequestValidationError):
         problems.append((field, msg))
     message = "; ".join(f"{f}: {m}" for f, m in problems)
     return error_response(422, message, problems[0][0] if problems else None)
-
-
-def require_admin(request: Request) -> None:
-    reason = check_admin_token(get_settings(), request.headers.get("authorization"))
-    if reason:
-        raise AdminError(401, reason)
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=200, ray_actor_options={"num_cpus": 0})
@@ -145,7 +153,7 @@ class Admin:
             raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
         return outcome.plan
 
-    @app.post("/models", status_code=202, dependencies=[Depends(require_admin)])
+    @app.post("/models", status_code=202)
     async def deploy(self, spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
         existing = await self.registry.get_model.remote(spec.model_id)
         if existing is not None and existing.status is not ModelStatus.FAILED:
@@ -175,32 +183,32 @@ class Admin:
         return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 
     # --- read and delete ----------------------------------------------------------------
-    @app.post("/plan", dependencies=[Depends(require_admin)])
+    @app.post("/plan")
     async def plan(self, spec: ModelSpec, format: str = Query("json", pattern="^(json|text)$")):
         plan = await self._plan(spec)
         if format == "text":
             return PlainTextResponse(render_plan_table(plan))
         return plan.model_dump(mode="json")
 
-    @app.get("/models", dependencies=[Depends(require_admin)])
+    @app.get("/models")
     async def list_models(self):
         return {"models": [ModelStatusResponse.of(r).model_dump(mode="json") for r in await self.registry.list_models.remote()]}
 
-    @app.get("/models/{model_id}", dependencies=[Depends(require_admin)])
+    @app.get("/models/{model_id}")
     async def get_model(self, model_id: str):
         rec = await self.registry.get_model.remote(model_id)
         if rec is None:
             raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return ModelStatusResponse.of(rec).model_dump(mode="json")
 
-    @app.delete("/models/{model_id}", dependencies=[Depends(require_admin)])
+    @app.delete("/models/{model_id}")
     async def delete_model(self, model_id: str):
         outcome = await self.registry.transition.remote("delete", model_id)
         if not outcome.ok:
             raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return await self._deleted([model_id], single=True)
 
-    @app.delete("/models", dependencies=[Depends(require_admin)])
+    @app.delete("/models")
     async def delete_all(self):
         ids = [r.model_id for r in await self.registry.list_models.remote()]
         for model_id in ids:
@@ -218,25 +226,25 @@ class Admin:
             return JSONResponse({"deleted": [i for i in ids if i not in left], "deleting": left}, status_code=202)
         return {"deleted": ids[0] if single else ids}
 
-    @app.get("/gpus", dependencies=[Depends(require_admin)])
+    @app.get("/gpus")
     async def gpus(self):
         states: list[DeviceState] = await self.registry.device_states.remote()
         return {"devices": [s.model_dump(mode="json") for s in states]}
 
-    @app.get("/nodes", dependencies=[Depends(require_admin)])
+    @app.get("/nodes")
     async def nodes(self):
         """Every node's host RAM (CPU engines live there) and the devices on it."""
         return {"nodes": [s.model_dump(mode="json") for s in await self.registry.node_states.remote()]}
 
-    @app.post("/registry/samples", dependencies=[Depends(require_admin)])
+    @app.post("/registry/samples")
     async def push_sample(self, sample: NodeSample):
         """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading."""
         result = await self.registry.push_sample.remote(sample)
         if not result.ok:
-            raise AdminError(result.status_code, result.message, "node_name")
+            raise AdminError(result.status_code, result.message, "node_name" if result.status_code == 404 else "devices")
         return {"accepted": sample.node_name, "devices": len(sample.devices)}
 
-    @app.post("/registry/reset", dependencies=[Depends(require_admin)])
+    @app.post("/registry/reset")
     async def reset_registry(self):
         return await self.registry.reset.remote()
 

@@ -21,7 +21,8 @@ from hive_apps import names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import SERVING, ModelRecord
-from hive_apps.routing.follow import ModelReplicas, follow_registry
+from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
 from hive_apps.settings import get_settings
 
@@ -55,12 +56,18 @@ class Gateway:
         if reason:
             return openai_error(401, reason)
         path = request.url.path
-        if request.method == "GET" and path.rstrip("/") == "/v1/models":
+        if is_models_list(request.method, path):
             models = await self.ready_models()
-            return JSONResponse({"object": "list", "data": [
-                {"id": m, "object": "model", "created": int(r.created_at), "owned_by": "ray-hive",
-                 "max_model_len": r.plan.replicas[0].settings.max_model_len if r.plan.replicas else None}
-                for m, r in models.items()]})
+            return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]})
+        wanted = model_object_id(request.method, path)
+        if wanted is not None:
+            rec = (await self.ready_models()).get(wanted)
+            if rec is None:
+                return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
+            return JSONResponse(model_object(rec))
+        if engine_route(request.method, path) is None:
+            return openai_error(404, f"no OpenAI route {request.method} {path}; the hive serves "
+                                     "POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models")
         try:
             req = await read_forwarded(request, path)
         except BodyTooLarge:

@@ -24,6 +24,7 @@ from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
 from hive_apps.registry.records import ModelRecord, Reservation
+from hive_apps.registry.samples import sample_problems
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import HiveSettings, get_settings
 
@@ -149,6 +150,9 @@ class Registry:
 
     async def push_sample(self, sample: NodeSample) -> ReserveResult:
         """Accept a sample from ``python -m hive_apps.monitor`` for a node Ray knows by that name."""
+        problems = sample_problems(sample)
+        if problems:
+            return ReserveResult(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
         if sample.node_name not in {s.node_name for s in self.nodes.values()}:
             known = ", ".join(sorted(s.node_name for s in self.nodes.values()))
             return ReserveResult(ok=False, status_code=404, message=(

@@ -34,6 +34,12 @@ def replica_fingerprint(replicas: list[ReplicaPlan]) -> tuple:
     return tuple((rp.index, rp.node_id, tuple(rp.device_indices)) for rp in replicas)
 
 
+def model_object(rec: ModelRecord) -> dict:
+    """A model as OpenAI's ``GET /v1/models`` lists it."""
+    return {"id": rec.model_id, "object": "model", "created": int(rec.created_at), "owned_by": "ray-hive",
+            "max_model_len": rec.plan.replicas[0].settings.max_model_len if rec.plan.replicas else None}
+
+
 class ModelReplicas:
     """One ``ReplicaSet`` per serving model, rebuilt when its live replicas change."""
 

@@ -51,7 +51,7 @@ def body_fields(req: ForwardedRequest) -> BodyFields:
         return BodyFields(None, False, None)
     try:
         body = json.loads(req.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's limit
         return BodyFields(None, False, None)
     if not isinstance(body, dict):
         return BodyFields(None, False, None)

@@ -34,6 +34,7 @@ from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate, queue_full
 from hive_apps.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
+from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
 
@@ -44,7 +45,6 @@ RETRY_AFTER_S = 1
 JSON = ("content-type", "application/json")
 REPLICA_HEADER = "x-hive-replica"
 SPLITTABLE = (COMPLETIONS, CHAT)
-HTTP_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0)
 
 Reply = tuple[ResponseStart, bytes]
 
@@ -114,7 +114,10 @@ class ReplicaSet:
                        headers: list[tuple[str, str]] = (), timeout: float | None = None) -> aiohttp.ClientResponse:
         """One request to a replica's own port; the caller reads and releases the response."""
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT, connector=aiohttp.TCPConnector(limit=0),
+            # no total deadline (answers stream for as long as they take), but a hung engine that
+            # sends nothing for HIVE_ENGINE_READ_TIMEOUT_S fails the request instead of holding it
+            idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=get_settings().engine_read_timeout_s)
+            self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
                                                auto_decompress=False)
         extra = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
         return await self._http.request(method, endpoint.url + path, data=body,

@@ -13,15 +13,16 @@ import asyncio
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from hive_apps import names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
 from hive_apps.registry.records import SERVING, ModelRecord
-from hive_apps.routing.follow import ModelReplicas, follow_registry
+from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 
@@ -30,6 +31,7 @@ class Router:
     def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.settings = get_settings()
         self.model_id = model_id
+        self.record: ModelRecord | None = None
         first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
         first.start()
         self.replicas = first
@@ -40,6 +42,7 @@ class Router:
     def _on_models(self, records: list[ModelRecord]) -> None:
         rec = next((r for r in records if r.model_id == self.model_id), None)
         if rec is not None and rec.status in SERVING:
+            self.record = rec
             self.replicas = self._sets.of(rec)
 
     async def __call__(self, request: Request) -> Response:
@@ -49,8 +52,16 @@ class Router:
             return openai_error(401, reason)
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root):] if root and request.url.path.startswith(root) else request.url.path
+        path = path or "/"
+        wanted = model_object_id(request.method, path)
+        if wanted is not None:
+            if wanted != self.model_id or self.record is None:
+                return openai_error(404, f"The model `{wanted}` does not exist here; this route serves `{self.model_id}`.", "model")
+            return JSONResponse(model_object(self.record))
+        if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
+            return openai_error(404, f"no OpenAI route {request.method} {path} under /{self.model_id}")
         try:
-            req = await read_forwarded(request, path or "/")
+            req = await read_forwarded(request, path)
         except BodyTooLarge:
             return too_large()
         return await respond(self.replicas, req, body_fields(req))

@@ -133,3 +133,31 @@ async def test_streams_over_the_port_and_release_their_queued_tokens():
     assert rs.views[0].in_flight == 0
     rs.close()
     await asyncio.sleep(0)
+
+
+async def test_a_hung_engine_fails_the_request_instead_of_holding_it(monkeypatch):
+    from hive_apps.engine.http_server import EngineEndpoint
+    from hive_apps.settings import get_settings
+
+    async def silent(reader, writer):  # reads the request, never answers
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("HIVE_ENGINE_READ_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    try:
+        e = await engine(sim_tokens_per_s=5000)
+        rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+        rs.endpoints[0] = EngineEndpoint(url=f"http://127.0.0.1:{port}", token="t")
+        req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                               body=json.dumps(CHAT).encode())
+        t0 = asyncio.get_running_loop().time()
+        start, body = await asyncio.wait_for(rs.call(req, CHAT), 10)
+        assert asyncio.get_running_loop().time() - t0 < 5
+        assert start.status == 503 and b"TimeoutError" in body, body
+        rs.close()
+    finally:
+        server.close()
+        get_settings.cache_clear()

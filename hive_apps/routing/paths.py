@@ -1,0 +1,40 @@
+"""Which request paths may reach an engine: OpenAI's routes, nothing else. Pure: no Ray.
+
+Routers and the gateway attach the engine's token to what they forward, so forwarding any
+path would open vLLM's other routes (and the replica's own ``/hive/load``) to every API key
+holder. Paths are matched after rejecting anything a normaliser could turn into another path.
+"""
+
+from __future__ import annotations
+
+import re
+
+# POST routes served by vLLM's OpenAI layer
+ENGINE_ROUTES = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/rerank", "/v1/score", "/v1/classify",
+})
+MODELS_ROUTE = "/v1/models"
+_UNSAFE = re.compile(r"(^|/)\.{1,2}(/|$)|//|\\|%", re.IGNORECASE)
+
+
+def engine_route(method: str, path: str) -> str | None:
+    """The canonical path if ``method path`` may be forwarded to an engine, else None."""
+    if _UNSAFE.search(path):
+        return None
+    path = path.rstrip("/") or "/"
+    if method == "POST" and path in ENGINE_ROUTES:
+        return path
+    return None
+
+
+def model_object_id(method: str, path: str) -> str | None:
+    """``GET /v1/models/{id}``: the id asked for, else None."""
+    if method != "GET" or _UNSAFE.search(path) or not path.startswith(MODELS_ROUTE + "/"):
+        return None
+    rest = path[len(MODELS_ROUTE) + 1:].rstrip("/")
+    return rest or None
+
+
+def is_models_list(method: str, path: str) -> bool:
+    return method == "GET" and path.rstrip("/") == MODELS_ROUTE
