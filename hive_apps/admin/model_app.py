@@ -14,6 +14,10 @@ from hive_apps.routing.replica_set import default_queue_bound
 from hive_apps.routing.router import router_deployment
 
 HEALTH_CHECK_PERIOD_S = 5.0
+# Engine replicas run third-party model code: they get none of the hive's secrets, and never
+# reach a model hub (models come from local folders or the local cache).
+SECRETS = ("HIVE_ADMIN_TOKEN", "HIVE_API_KEYS", "HIVE_API_KEYS_FILE", "HIVE_MONITOR_TOKEN")
+ENGINE_ENV = {**{name: "" for name in SECRETS}, "HF_HUB_OFFLINE": "1"}
 
 
 def engine_class(engine: str) -> type:
@@ -28,17 +32,15 @@ def engine_class(engine: str) -> type:
 
 def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
     """Pin to the node by its id label, and to physical GPUs by CUDA_VISIBLE_DEVICES (never num_gpus)."""
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(ENGINE_ENV)
     if rp.device_kind is DeviceKind.GPU:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in rp.device_indices)
-    options: dict[str, Any] = {
+    return {
         "num_cpus": 0,
         "num_gpus": 0,
         "label_selector": {"ray.io/node-id": rp.node_id},
+        "runtime_env": {"env_vars": env},
     }
-    if env:
-        options["runtime_env"] = {"env_vars": env}
-    return options
 
 
 def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan) -> str:
