@@ -21,10 +21,11 @@ import json
 import struct
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from hive_apps.engine.base import EngineBase
 from hive_apps.engine.protocol import EngineLoad
@@ -43,6 +44,30 @@ def fake_embedding(text: str) -> list[float]:
     vals = [b / 255.0 - 0.5 for b in raw[::4]]
     norm = sum(v * v for v in vals) ** 0.5 or 1.0
     return [v / norm for v in vals]
+
+
+class SimMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class SimStreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool | None = None
+
+
+class SimRequest(BaseModel):
+    """The request fields the sim engine reads, typed as vLLM's OpenAI layer types them, so
+    a bad value is a 400 here as it is there."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[SimMessage] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    stream: StrictBool | None = None
+    stream_options: SimStreamOptions | None = None
 
 
 class SimEngine(EngineBase):
@@ -89,8 +114,10 @@ class SimEngine(EngineBase):
     async def _generate(self, prompt_tokens: int, max_tokens: int):
         """Admit like a scheduler, then yield one word per decode step."""
         self.waiting += 1
-        await self.slots.acquire()
-        self.waiting -= 1
+        try:
+            await self.slots.acquire()
+        finally:  # a request cancelled while queued must not stay counted as waiting
+            self.waiting -= 1
         self.running += 1
         try:
             await asyncio.sleep(prompt_tokens / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
@@ -112,6 +139,12 @@ class SimEngine(EngineBase):
                 return openai_error(400, "request body is not valid JSON")
             if not isinstance(body, dict):
                 return openai_error(400, "request body must be a JSON object")
+            try:
+                SimRequest.model_validate(body)
+            except ValidationError as e:
+                err = e.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                return openai_error(400, f"{field}: {err['msg']}", param=field)
             if body.get("model") not in (None, engine.model_id):
                 return openai_error(404, f"The model `{body.get('model')}` does not exist.", param="model")
             return body

@@ -90,3 +90,51 @@ async def test_prompt_lists_and_n_answer_like_vllm():
     status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "n": 0,
                                                               "messages": [{"role": "user", "content": "hi"}]})
     assert status == 400 and body["error"]["param"] == "n"
+
+
+async def test_bad_request_fields_are_400s_like_vllm():
+    import httpx
+
+    from hive_apps.engine.sim_engine import SimEngine
+
+    from .helpers import replica_plan
+
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("m", "", replica_plan(sim_tokens_per_s=5000), use_start_lock=False)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=e.app), base_url="http://e")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for bad, field in [({"max_tokens": "abc"}, "max_tokens"), ({"stream_options": 5}, "stream_options"),
+                       ({"n": 0}, "n"), ({"stream": "yes"}, "stream"),
+                       ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role")]:
+        r = await client.post("/v1/chat/completions", json={**chat, **bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == field
+    assert (await client.post("/v1/chat/completions", json={**chat, "max_tokens": 1})).status_code == 200
+    await e.http.stop() if e.http else None
+
+
+async def test_a_cancelled_queued_request_does_not_stay_waiting():
+    import asyncio
+
+    from hive_apps.engine.sim_engine import SimEngine
+
+    from .helpers import replica_plan
+
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("m", "", replica_plan(max_num_seqs=1, sim_tokens_per_s=20), use_start_lock=False)
+
+    async def run():
+        async for _ in e._generate(1, 50):
+            pass
+
+    first = asyncio.create_task(run())
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(run())
+    await asyncio.sleep(0.05)
+    assert e.waiting == 1
+    queued.cancel()
+    await asyncio.sleep(0.05)
+    assert e.waiting == 0
+    first.cancel()
+    await asyncio.sleep(0.05)
+    assert e.running == 0
