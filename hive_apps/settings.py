@@ -43,13 +43,16 @@ class HiveSettings(BaseSettings):
     pending_reservation_ttl_s: float = Field(960.0, gt=0, description="Free a reservation whose engine never came up after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node where capacity exists.")
     heal_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between self-healing attempts of one model (doubles from 2 s).")
+    vllm_kwargs_allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated vLLM arguments a deploy may pass beyond the hive's allow-list (hive_apps/vllm_args.py).")
+    trust_remote_code: bool = Field(False, description="Let deploys set trust_remote_code (runs a model repository's own code on the node).")
+    hook_packages: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated package prefixes that hive_placement_policy / hive_attention_cls classes may come from; empty = hooks off.")
     engine_read_timeout_s: float = Field(600.0, gt=0, description="A request fails when its engine sends nothing for this long.")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", mode="before")
     @classmethod
     def _comma_separated(cls, v):
         if isinstance(v, str):

@@ -13,6 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hive_apps.settings import get_settings
+from hive_apps.vllm_args import vllm_kwargs_problems
+
 RESERVED_MODEL_IDS = frozenset({"admin", "v1", "docs", "openapi.json", "metrics", "healthz"})
 RESERVED_PREFIX = "hive-"
 MODEL_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # matched in full: "admin\n" is no slug
@@ -110,14 +113,12 @@ class ModelSpec(BaseModel):
 
     @field_validator("vllm_kwargs")
     @classmethod
-    def _vllm_kwargs_not_owned_by_hive(cls, v: dict[str, Any]) -> dict[str, Any]:
-        owned = {"model", "served_model_name", "device"}
-        clash = owned.intersection(v)
-        if clash:
-            raise ValueError(
-                f"{sorted(clash)} are set by the hive (from 'model', 'model_id' and the placement); "
-                "remove them from vllm_kwargs"
-            )
+    def _vllm_kwargs_allowed(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        """Only the arguments the hive understands, typed (``hive_apps/vllm_args.py``)."""
+        engine = info.data.get("engine", EngineKind.VLLM)
+        problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), get_settings())
+        if problems:
+            raise ValueError("; ".join(problems))
         return v
 
     @model_validator(mode="after")

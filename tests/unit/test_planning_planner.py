@@ -180,7 +180,7 @@ def test_generate_length_beyond_positions_names_both_fields():
 
 def test_overrides_are_honoured_exactly():
     kw = {"max_num_seqs": 7, "max_num_batched_tokens": 3000, "max_model_len": 2000, "enforce_eager": True,
-          "kv_cache_memory_bytes": 2 * GIB, "trust_remote_code": False, "hive_note": "stripped"}
+          "kv_cache_memory_bytes": 2 * GIB, "trust_remote_code": False}
     devices = [gpu("L4")]
     p = plan(QWEN8, devices, vllm_kwargs=kw)
     check_invariants(p, devices, profile(QWEN8))
@@ -188,7 +188,7 @@ def test_overrides_are_honoured_exactly():
     s = r.settings
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len, s.enforce_eager, s.kv_cache_memory_bytes) == \
         (7, 3000, 2000, True, 2 * GIB)
-    assert r.engine_kwargs["trust_remote_code"] is False and "hive_note" not in r.engine_kwargs
+    assert r.engine_kwargs["trust_remote_code"] is False
     assert r.memory.kv_cache == 2 * GIB
 
 
