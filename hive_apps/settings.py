@@ -50,6 +50,7 @@ class HiveSettings(BaseSettings):
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
+    model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
 
     @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", mode="before")
@@ -59,7 +60,7 @@ class HiveSettings(BaseSettings):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
 
-    @field_validator("admin_token", "monitor_token", "api_keys_file", mode="before")
+    @field_validator("admin_token", "monitor_token", "api_keys_file", "model_root", mode="before")
     @classmethod
     def _empty_is_unset(cls, v):
         return None if v == "" else v

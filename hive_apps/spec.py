@@ -8,6 +8,7 @@ how to fix it, because that text is what the user sees in the 4xx body.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from enum import Enum
 from typing import Any
 
@@ -64,6 +65,21 @@ class ModelSpec(BaseModel):
         description="Requests that may wait once every replica is full; more get 429. Default: the largest replica's max_num_seqs.",
     )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _model_under_the_root(cls, v: str) -> str:
+        """A folder must lie under the operator's model root when one is set; the message is the
+        same whether or not the path exists, so it tells nothing about the node's files."""
+        if ".." in Path(v).parts:
+            raise ValueError("must not contain '..'; name a folder or a cached Hugging Face model")
+        root = get_settings().model_root
+        if root is None or not v.startswith(("/", ".", "~")):
+            return v
+        if not Path(v).expanduser().resolve().is_relative_to(root.resolve()):
+            raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT) "
+                             "or a Hugging Face name in the local cache")
+        return v
 
     @field_validator("model_id")
     @classmethod

@@ -77,3 +77,31 @@ def test_lifecycle_timeouts_are_refused_until_built():
         with pytest.raises(ValidationError, match=f"{field} is not supported yet"):
             ModelSpec(model_id="m", model="x", **{field: 60})
     assert ModelSpec(model_id="m", model="x").sleep_timeout is None
+
+
+def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.settings import get_settings
+    from hive_apps.spec import ModelSpec
+
+    root = tmp_path / "models"
+    (root / "tiny").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setenv("HIVE_MODEL_ROOT", str(root))
+    get_settings.cache_clear()
+    try:
+        assert ModelSpec(model_id="m", model=str(root / "tiny")).model == str(root / "tiny")
+        assert ModelSpec(model_id="m", model="Qwen/Qwen3-0.6B").model == "Qwen/Qwen3-0.6B"  # a cached HF name
+        messages = []
+        for bad in ("/etc", str(root / "link"), "/no/such/folder"):
+            with pytest.raises(ValidationError) as e:
+                ModelSpec(model_id="m", model=bad)
+            messages.append(str(e.value).split("model\n")[1].split("[")[0].replace(bad, "<path>"))
+        assert len(set(messages)) == 1 and "HIVE_MODEL_ROOT" in messages[0]  # the same, existing or not
+        with pytest.raises(ValidationError, match="'..'"):
+            ModelSpec(model_id="m", model="org/../../etc")
+    finally:
+        get_settings.cache_clear()
