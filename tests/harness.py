@@ -20,6 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "test-admin-token"
 API_KEY = "test-api-key"
+MONITOR_TOKEN = "test-monitor-token"
 
 
 def free_port() -> int:
@@ -68,6 +69,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "RAY_AUTH_MODE": "disabled",
         "HIVE_ADMIN_TOKEN": ADMIN_TOKEN,
         "HIVE_API_KEYS": API_KEY,
+        "HIVE_MONITOR_TOKEN": MONITOR_TOKEN,
         "HIVE_MONITOR_INTERVAL_S": "0.5",
         "HIVE_DEPLOY_TIMEOUT_S": "600",
         **(env or {}),

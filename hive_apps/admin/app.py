@@ -23,7 +23,7 @@ from ray import serve
 from hive_apps import names
 from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.reconciler import Reconciler
-from hive_apps.admin.schemas import ModelStatusResponse
+from hive_apps.admin.schemas import ModelStatusResponse, error_responses
 from hive_apps.auth import warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
@@ -153,7 +153,7 @@ class Admin:
             raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
         return outcome.plan
 
-    @app.post("/models", status_code=202)
+    @app.post("/models", status_code=202, responses=error_responses(401, 404, 409, 413, 422, 503))
     async def deploy(self, spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
         existing = await self.registry.get_model.remote(spec.model_id)
         if existing is not None and existing.status is not ModelStatus.FAILED:
@@ -183,32 +183,32 @@ class Admin:
         return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 
     # --- read and delete ----------------------------------------------------------------
-    @app.post("/plan")
+    @app.post("/plan", responses=error_responses(401, 404, 409, 413, 422, 503))
     async def plan(self, spec: ModelSpec, format: str = Query("json", pattern="^(json|text)$")):
         plan = await self._plan(spec)
         if format == "text":
             return PlainTextResponse(render_plan_table(plan))
         return plan.model_dump(mode="json")
 
-    @app.get("/models")
+    @app.get("/models", responses=error_responses(401))
     async def list_models(self):
         return {"models": [ModelStatusResponse.of(r).model_dump(mode="json") for r in await self.registry.list_models.remote()]}
 
-    @app.get("/models/{model_id}")
+    @app.get("/models/{model_id}", responses=error_responses(401, 404))
     async def get_model(self, model_id: str):
         rec = await self.registry.get_model.remote(model_id)
         if rec is None:
             raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return ModelStatusResponse.of(rec).model_dump(mode="json")
 
-    @app.delete("/models/{model_id}")
+    @app.delete("/models/{model_id}", responses=error_responses(401, 404))
     async def delete_model(self, model_id: str):
         outcome = await self.registry.transition.remote("delete", model_id)
         if not outcome.ok:
             raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return await self._deleted([model_id], single=True)
 
-    @app.delete("/models")
+    @app.delete("/models", responses=error_responses(401))
     async def delete_all(self):
         ids = [r.model_id for r in await self.registry.list_models.remote()]
         for model_id in ids:
@@ -226,17 +226,17 @@ class Admin:
             return JSONResponse({"deleted": [i for i in ids if i not in left], "deleting": left}, status_code=202)
         return {"deleted": ids[0] if single else ids}
 
-    @app.get("/gpus")
+    @app.get("/gpus", responses=error_responses(401))
     async def gpus(self):
         states: list[DeviceState] = await self.registry.device_states.remote()
         return {"devices": [s.model_dump(mode="json") for s in states]}
 
-    @app.get("/nodes")
+    @app.get("/nodes", responses=error_responses(401))
     async def nodes(self):
         """Every node's host RAM (CPU engines live there) and the devices on it."""
         return {"nodes": [s.model_dump(mode="json") for s in await self.registry.node_states.remote()]}
 
-    @app.post("/registry/samples")
+    @app.post("/registry/samples", responses=error_responses(401, 404, 413, 422))
     async def push_sample(self, sample: NodeSample):
         """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading."""
         result = await self.registry.push_sample.remote(sample)
@@ -244,7 +244,7 @@ class Admin:
             raise AdminError(result.status_code, result.message, "node_name" if result.status_code == 404 else "devices")
         return {"accepted": sample.node_name, "devices": len(sample.devices)}
 
-    @app.post("/registry/reset")
+    @app.post("/registry/reset", responses=error_responses(401))
     async def reset_registry(self):
         return await self.registry.reset.remote()
 

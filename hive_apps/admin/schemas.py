@@ -65,6 +65,19 @@ class ModelStatusResponse(BaseModel):
 
 
 class ErrorBody(BaseModel):
+    model_config = {"extra": "allow"}  # e.g. ``rejected`` devices, ``status_detail`` of a failed deploy
+
     message: str
     field: str | None = None
     status: int
+
+
+class ErrorResponse(BaseModel):
+    """Every admin error: ``{"error": {"message", "field", "status", ...}}``."""
+
+    error: ErrorBody
+
+
+def error_responses(*codes: int) -> dict[int, dict]:
+    """OpenAPI entries for the errors a route answers, so clients (and the fuzzer) know them."""
+    return {code: {"model": ErrorResponse} for code in codes}

@@ -1,0 +1,83 @@
+"""What reaches the hive from outside: errors in the hive's shapes, only OpenAI routes
+forwarded to engines, tokens checked before bodies are read, forged samples refused."""
+
+import time
+
+import httpx
+import pytest
+
+from tests.cluster.conftest import SIM_MODEL
+from tests.harness import ADMIN_TOKEN
+
+pytestmark = pytest.mark.cluster
+
+
+def test_admin_framework_errors_and_unauthenticated_bodies(hive):
+    assert hive.admin.get("/no-such-thing").json()["error"]["status"] == 404
+    r = hive.admin.put("/models")
+    assert r.status_code == 405 and "not allowed" in r.json()["error"]["message"]
+    r = hive.admin.post("/models", content=b"\xff\xfe{", headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422) and "error" in r.json()
+    r = hive.admin.post("/models", content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 400 or r.status_code == 413, r.text
+    assert "error" in r.json()
+    t0 = time.monotonic()
+    r = httpx.post(f"{hive.url}/admin/models", content=b"x" * (8 * 2**20), timeout=60)
+    assert r.status_code in (401, 413) and "error" in r.json()  # refused from the headers, never parsed
+    assert httpx.get(f"{hive.url}/admin/models", headers={"Authorization": "Bearer \u00e4".encode("latin-1")}).status_code == 401
+    assert time.monotonic() - t0 < 30
+
+
+def test_only_openai_routes_reach_engines(clean):
+    hive = clean
+    r = hive.deploy(model_id="gated", model=SIM_MODEL, engine="sim", gpu="node-b:gpu0",
+                    max_input_prompt_length=256, max_output_prompt_length=64)
+    assert r.status_code == 200, r.text
+    for path in ("/v1/unknown", "/gated/v1/unknown", "/gated/hive/load", "/gated/health", "/v1/../gated/hive/load"):
+        r = hive.api.post(path, json={"model": "gated"})
+        assert r.status_code == 404, (path, r.text)
+        assert {"message", "type", "code"} <= set(r.json()["error"]), (path, r.text)
+    assert hive.api.get("/v1/models/gated").json()["id"] == "gated"
+    assert hive.api.get("/gated/v1/models/gated").json()["id"] == "gated"
+    assert hive.api.get("/v1/models/ghost").status_code == 404
+    r = hive.api.post("/v1/chat/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    ok = hive.api.post("/gated/v1/chat/completions", json={"model": "gated", "max_tokens": 1,
+                                                           "messages": [{"role": "user", "content": "x"}]})
+    assert ok.status_code == 200, ok.text
+
+
+def test_forged_samples_are_refused_and_the_monitor_token_opens_only_samples(hive):
+    agent = httpx.Client(base_url=f"{hive.url}/admin", headers={"Authorization": "Bearer test-monitor-token"})
+    gpu = {"id": "node-b:gpu0", "node_id": "x", "node_name": "node-b", "kind": "gpu", "index": 0, "name": "L4",
+           "total_bytes": 80 * 2**30, "used_bytes": 0}
+    sample = {"node_id": "x", "node_name": "node-b", "host_total_bytes": 2**36, "host_used_bytes": 2**34,
+              "cpu_count": 8, "devices": [{**gpu, "total_bytes": 1200 * 2**40}]}
+    r = agent.post("/registry/samples", json=sample)
+    assert r.status_code == 422 and "1 TiB" in r.json()["error"]["message"]
+    r = agent.post("/registry/samples", json={**sample, "devices": [gpu, {**gpu, "id": "node-b:gpu1"}]})
+    assert r.status_code == 422 and "twice" in r.json()["error"]["message"]
+    assert agent.get("/models").status_code == 401
+    assert agent.post("/models", json={}).status_code == 401
+
+
+def test_admin_api_survives_fuzzing(clean):
+    """Property-based requests from the admin's own OpenAPI schema: no 5xx, and every answer
+    is documented and matches its documented schema."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cli = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    hive = clean
+    run = subprocess.run(
+        [cli, "run", f"{hive.url}/admin/openapi.json", "--url", f"{hive.url}/admin",
+         "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--workers", "1", "--max-time", "60",
+         "--phases", "examples,coverage,fuzzing", "--checks",
+         "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+         "--suppress-health-check", "all", "--request-timeout", "30"],
+        capture_output=True, text=True, timeout=240)
+    tail = run.stdout[-4000:]
+    print(tail)
+    assert run.returncode == 0, tail
