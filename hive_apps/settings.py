@@ -46,6 +46,7 @@ class HiveSettings(BaseSettings):
     vllm_kwargs_allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated vLLM arguments a deploy may pass beyond the hive's allow-list (hive_apps/vllm_args.py).")
     trust_remote_code: bool = Field(False, description="Let deploys set trust_remote_code (runs a model repository's own code on the node).")
     hook_packages: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated package prefixes that hive_placement_policy / hive_attention_cls classes may come from; empty = hooks off.")
+    plan_timeout_s: float = Field(30.0, gt=0, description="Longest one plan may compute; past it the deploy gets 422.")
     engine_read_timeout_s: float = Field(600.0, gt=0, description="A request fails when its engine sends nothing for this long.")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")

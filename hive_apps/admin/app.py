@@ -67,7 +67,9 @@ app.add_middleware(AdminGuard, settings=get_settings)
 async def _http_error(_: Request, e: StarletteHTTPException):
     """Framework errors (unknown path, wrong method, unparsable body) get the hive's error body."""
     hints = {404: "unknown path; GET /admin/docs lists the admin API",
-             405: "this method is not allowed on this path; GET /admin/docs lists the admin API"}
+             405: "this method is not allowed on this path; GET /admin/docs lists the admin API",
+             400: "the body is not a JSON document (UTF-8, nested less than a thousand levels); "
+                  "send a JSON object with 'Content-Type: application/json'"}
     return error_response(e.status_code, hints.get(e.status_code, str(e.detail)), headers=getattr(e, "headers", None))
 
 
@@ -153,7 +155,7 @@ class Admin:
             raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
         return outcome.plan
 
-    @app.post("/models", status_code=202, responses=error_responses(401, 404, 409, 413, 422, 503))
+    @app.post("/models", status_code=202, responses=error_responses(400, 401, 404, 409, 413, 422, 503))
     async def deploy(self, spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
         existing = await self.registry.get_model.remote(spec.model_id)
         if existing is not None and existing.status is not ModelStatus.FAILED:
@@ -183,7 +185,7 @@ class Admin:
         return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 
     # --- read and delete ----------------------------------------------------------------
-    @app.post("/plan", responses=error_responses(401, 404, 409, 413, 422, 503))
+    @app.post("/plan", responses=error_responses(400, 401, 404, 409, 413, 422, 503))
     async def plan(self, spec: ModelSpec, format: str = Query("json", pattern="^(json|text)$")):
         plan = await self._plan(spec)
         if format == "text":
@@ -236,7 +238,7 @@ class Admin:
         """Every node's host RAM (CPU engines live there) and the devices on it."""
         return {"nodes": [s.model_dump(mode="json") for s in await self.registry.node_states.remote()]}
 
-    @app.post("/registry/samples", responses=error_responses(401, 404, 413, 422))
+    @app.post("/registry/samples", responses=error_responses(400, 401, 404, 413, 422))
     async def push_sample(self, sample: NodeSample):
         """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading."""
         result = await self.registry.push_sample.remote(sample)

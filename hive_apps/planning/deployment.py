@@ -1,14 +1,27 @@
-"""The ``hive-planner`` Serve app: a stateless shell around ``plan_deployment``."""
+"""The ``hive-planner`` Serve app: a stateless shell around ``plan_deployment``.
+
+Plans run in a worker process with a deadline (``HIVE_PLAN_TIMEOUT_S``): a hostile or broken
+model config (a million layers, a malformed header) costs at most that much CPU and answers
+422, and the worker is replaced; the planner replica itself never stalls.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
 from pydantic import BaseModel
-from ray import serve
 
 from hive_apps.planning.planner import plan_deployment
 from hive_apps.planning.profile import load_profile
 from hive_apps.planning.types import DeviceCapacity, Plan, PlanningError, Rejection
+from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
+
+log = logging.getLogger("ray.serve")
 
 
 class PlanOutcome(BaseModel):
@@ -24,13 +37,67 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome
         return PlanOutcome(plan=plan_deployment(spec, devices, profile))
     except PlanningError as e:
         return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected)
+    except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError, OSError) as e:
+        # a config the planner cannot model: the deploy is refused, the planner keeps going
+        return PlanOutcome(error=f"the model {spec.model!r} cannot be planned: its config is not one the planner "
+                                 f"can model ({type(e).__name__}: {e})", status_code=422)
 
 
-@serve.deployment(num_replicas=1, max_ongoing_requests=100, ray_actor_options={"num_cpus": 0})
+def _warm() -> None:
+    from transformers import AutoConfig  # noqa: F401
+
+
+class PlanWorker:
+    """One planning process at a time, killed and replaced when a plan outlives its deadline."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._pool: ProcessPoolExecutor | None = None
+        self._one_at_a_time = asyncio.Lock()  # the deadline counts a plan's own time, not its queue
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def _replace(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._one_at_a_time:
+                if self._pool is None:  # a new worker imports the planner (transformers) first, untimed
+                    await loop.run_in_executor(self._executor(), _warm)
+                return await asyncio.wait_for(loop.run_in_executor(self._executor(), plan_or_error, spec, devices),
+                                              self.timeout_s)
+        except asyncio.TimeoutError:
+            self._replace()
+            return PlanOutcome(status_code=422, error=(
+                f"planning {spec.model!r} took longer than {self.timeout_s:.0f}s (HIVE_PLAN_TIMEOUT_S); "
+                "its config is too large or malformed"))
+        except BrokenProcessPool:
+            self._replace()
+            return PlanOutcome(status_code=422, error=f"planning {spec.model!r} crashed the planner's worker")
+
+    def close(self) -> None:
+        self._replace()
+
+
 class Planner:
-    def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
-        return plan_or_error(spec, devices)
+    def __init__(self):
+        self.worker = PlanWorker(get_settings().plan_timeout_s)
+
+    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
+        return await self.worker.plan(spec, devices)
 
 
 def build(_: dict | None = None):
-    return Planner.bind()
+    from ray import serve
+
+    return serve.deployment(Planner, name="Planner", num_replicas=1, max_ongoing_requests=100,
+                            ray_actor_options={"num_cpus": 0}).bind()

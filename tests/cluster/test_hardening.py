@@ -73,7 +73,7 @@ def test_admin_api_survives_fuzzing(clean):
     hive = clean
     run = subprocess.run(
         [cli, "run", f"{hive.url}/admin/openapi.json", "--url", f"{hive.url}/admin",
-         "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--workers", "1", "--max-time", "60",
+         "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--workers", "1", "--max-time", "45",
          "--phases", "examples,coverage,fuzzing", "--checks",
          "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
          "--suppress-health-check", "all", "--request-timeout", "30"],

@@ -1,0 +1,37 @@
+"""A plan that outlives its deadline is a 422 and its worker process is replaced."""
+
+import time
+
+from hive_apps.planning.deployment import PlanWorker
+from hive_apps.planning.types import DeviceCapacity
+from hive_apps.registry.devices import Device, DeviceKind
+from hive_apps.spec import ModelSpec
+
+
+def devices() -> list[DeviceCapacity]:
+    dev = Device(id="n:gpu0", node_id="n", node_name="n", kind=DeviceKind.SIM_GPU, index=0, name="L4",
+                 total_bytes=24 * 2**30, memory_bandwidth_gbps=300, fp16_tflops=121)
+    return [DeviceCapacity(device=dev, available_bytes=20 * 2**30, free_bytes=24 * 2**30)]
+
+
+async def test_a_huge_config_is_cut_off_and_the_next_plan_works(tmp_path):
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B" / "config.json"
+    cfg = json.loads(fixture.read_text())
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    (huge / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**7}))
+    worker = PlanWorker(timeout_s=3)
+    try:
+        ok = await worker.plan(ModelSpec(model_id="ok", model=str(fixture.parent), engine="sim"), devices())
+        assert ok.plan is not None, ok.error
+        t0 = time.monotonic()
+        out = await worker.plan(ModelSpec(model_id="huge", model=str(huge), engine="sim"), devices())
+        assert time.monotonic() - t0 < 10
+        assert out.status_code == 422 and ("took longer than 3s" in out.error or "cannot be planned" in out.error), out.error
+        again = await worker.plan(ModelSpec(model_id="ok", model=str(fixture.parent), engine="sim"), devices())
+        assert again.plan is not None
+    finally:
+        worker.close()
