@@ -12,7 +12,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from hive_apps.engine.ports import parse_port_range
 
 log = logging.getLogger("ray.serve")
 
@@ -33,8 +35,16 @@ class HiveSettings(BaseModel):
     pending_reservation_ttl_s: float = Field(960.0, gt=0, description="A reservation whose engine never comes up is freed after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node (HIVE_SELF_HEAL=0 turns it off).")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port (HIVE_ENGINE_HTTP=0: Serve handles only).")
+    engine_port_range: tuple[int, int] | None = Field(
+        None, description="HIVE_ENGINE_PORT_RANGE, e.g. 20000-20999: engine replicas listen on the first free port "
+                          "of this range (for NetworkPolicies and firewalls); unset = any free port.")
     state_namespace: str = Field("ray-hive", description="Ray internal-KV namespace for durable state.")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
+
+    @field_validator("engine_port_range", mode="before")
+    @classmethod
+    def _port_range(cls, value):
+        return parse_port_range(value) if isinstance(value, str) else value
 
     @classmethod
     def from_env(cls) -> "HiveSettings":
@@ -51,6 +61,7 @@ class HiveSettings(BaseModel):
             pending_reservation_ttl_s=float(_env("HIVE_PENDING_RESERVATION_TTL_S", "960")),
             self_heal=_env("HIVE_SELF_HEAL", "1").lower() not in ("0", "false", "no"),
             engine_http=_env("HIVE_ENGINE_HTTP", "1").lower() not in ("0", "false", "no"),
+            engine_port_range=_env("HIVE_ENGINE_PORT_RANGE"),
             state_namespace=_env("HIVE_STATE_NAMESPACE", "ray-hive"),
             model_cache_dir=Path(_env("HIVE_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "ray-hive"))),
         )
