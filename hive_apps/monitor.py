@@ -87,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                 r = push_once(client, args.registry_url, args.node_name, args.sim_gpus)
                 if r.status_code != 200:
                     log.warning("registry refused the sample: HTTP %d %s", r.status_code, r.text)
-                    if args.once or r.status_code in (401, 404, 422):
-                        return 1
+                    if args.once or r.status_code in (401, 403):
+                        return 1  # a wrong token does not fix itself: fail loudly
+                    # e.g. 404/422 "no alive Ray node is named ...": the node's Ray pod is not up yet
+                    # (a DaemonSet starts before it); keep trying, less often, instead of crash-looping
+                    time.sleep(max(0.0, min(30.0, 10 * args.interval) - args.interval))
             except httpx.HTTPError as e:
                 log.warning("registry unreachable: %s", e)
                 if args.once:
