@@ -65,7 +65,7 @@ def read_token(token: str | None, token_file: str | None, environ: dict[str, str
     raise TokenError(f"no token: set {TOKEN_ENV}, or pass --token-file PATH (or --token, visible to other processes)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--registry-url", required=True, help="the hive's HTTP address, e.g. http://ray-head:8000")
     ap.add_argument("--token-file", default=None, help="a file holding the token (e.g. a mounted Secret); re-read before each push")
@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
     ap.add_argument("--sim-gpus", default=None, help="report simulated GPUs instead, e.g. H100-80GB.L4 (tests)")
     ap.add_argument("--once", action="store_true", help="push one reading and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
