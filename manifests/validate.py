@@ -180,6 +180,15 @@ def operator_problems(doc: dict) -> list[str]:
             problems.append(f"{where}: need 0 <= minReplicas ({lo}) <= maxReplicas ({hi})")
         elif n is not None and not lo <= n <= hi:
             problems.append(f"{where}: replicas ({n}) outside [minReplicas, maxReplicas]")
+    head = cluster.get("headGroupSpec") or {}
+    if kind == "RayService" and ((head.get("headService") or {}).get("metadata") or {}).get("name"):
+        problems.append(f"{base}.headGroupSpec.headService.metadata.name: must not be set in a RayService")
+    head_env = {e.get("name") for c in ((head.get("template") or {}).get("spec") or {}).get("containers", [])[:1]
+                for e in c.get("env") or []}
+    if "redis-username" in (head.get("rayStartParams") or {}) or "REDIS_USERNAME" in head_env:
+        problems.append(f"{base}.headGroupSpec: set gcsFaultToleranceOptions.redisUsername, not redis-username / REDIS_USERNAME")
+    if (spec.get("rayClusterDeletionDelaySeconds") or 0) < 0:
+        problems.append("spec.rayClusterDeletionDelaySeconds: must be >= 0")
     gcs = cluster.get("gcsFaultToleranceOptions")
     if gcs:
         annotations = doc.get("metadata", {}).get("annotations") or {}

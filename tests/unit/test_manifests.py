@@ -165,6 +165,9 @@ TYPOS = {
     "operator: label value": (
         _set(RAYSERVICE, "spec.rayClusterConfig.workerGroupSpecs.1.labels", {"ray.io/accelerator-type": "H100 SXM"}), "invalid label value"),
     "operator: replicas bounds": (_set(RAYSERVICE, "spec.rayClusterConfig.workerGroupSpecs.0.minReplicas", 9), "minReplicas (9) <= maxReplicas"),
+    "operator: RayService head service name": (
+        _set(RAYSERVICE, "spec.rayClusterConfig.headGroupSpec.headService", {"metadata": {"name": "my-head"}}),
+        "must not be set in a RayService"),
     "operator: name length": (_set(RAYSERVICE, "metadata.name", "r" * 48), "at most 47 characters"),
 }
 
