@@ -331,6 +331,10 @@ def test_vram_monitor_sees_all_gpus_requests_none_and_is_locked_down():
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (expr,) = term["matchExpressions"]
+    assert expr == {"key": "nvidia.com/gpu.product", "operator": "Exists"}  # the GFD label the GPU groups select on
+    assert all(expr["key"] in g["template"]["spec"]["nodeSelector"] for g in GPU_GROUPS.values())
     assert c["command"] == ["python", "-m", "hive_apps.monitor"]
     args = parser().parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]])
     assert args.token is None and args.node_name == "node-1"  # never a token in argv
