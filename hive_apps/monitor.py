@@ -6,8 +6,8 @@ For the Kubernetes DaemonSet (or any host where a process outside Ray should rep
     python -m hive_apps.monitor --registry-url http://HEAD:8000 --token-file /etc/ray-hive/monitor-token
 
 The token is read from ``--token-file`` (re-read before every push, so a rotated Kubernetes
-Secret applies without a restart), else ``HIVE_MONITOR_TOKEN``, else ``--token``. Prefer the
-first two: a token on the command line is visible to every process on the host. Today the
+Secret applies without a restart), else ``--token``, else ``HIVE_MONITOR_TOKEN``. Prefer the
+file or the variable: a token on the command line is visible to every process on the host. Today the
 registry's samples endpoint takes the admin token; give the agent that value until the hive
 accepts a separate monitor token.
 
@@ -48,7 +48,8 @@ class TokenError(ValueError):
 
 
 def read_token(token: str | None, token_file: str | None, environ: dict[str, str] | None = None) -> str:
-    """The bearer token to push with: ``--token-file``, else ``HIVE_MONITOR_TOKEN``, else ``--token``."""
+    """The bearer token to push with: ``--token-file``, else ``--token``, else ``HIVE_MONITOR_TOKEN``
+    (a flag given on the command line wins over the environment)."""
     if token_file:
         try:
             text = open(token_file, encoding="utf-8").read().strip()
@@ -57,11 +58,11 @@ def read_token(token: str | None, token_file: str | None, environ: dict[str, str
         if not text:
             raise TokenError(f"--token-file {token_file} is empty: put the monitor token in it")
         return text
+    if token:
+        return token
     env = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
     if env:
         return env
-    if token:
-        return token
     raise TokenError(f"no token: set {TOKEN_ENV}, or pass --token-file PATH (or --token, visible to other processes)")
 
 

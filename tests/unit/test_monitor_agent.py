@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_PYNVML = ROOT / "tests" / "fixtures" / "fake_pynvml"
 
 
-def test_token_file_wins_then_env_then_argv(tmp_path):
+def test_token_file_wins_then_argv_then_env(tmp_path):
     f = tmp_path / "token"
     f.write_text("from-file\n")
     assert read_token("from-argv", str(f), {TOKEN_ENV: "from-env"}) == "from-file"
-    assert read_token("from-argv", None, {TOKEN_ENV: "from-env"}) == "from-env"
-    assert read_token("from-argv", None, {}) == "from-argv"
+    assert read_token("from-argv", None, {TOKEN_ENV: "from-env"}) == "from-argv"  # an explicit flag beats the env
+    assert read_token(None, None, {TOKEN_ENV: " from-env\n"}) == "from-env"
     f.write_text("rotated")
     assert read_token(None, str(f), {}) == "rotated"  # re-read each time: a rotated Secret applies
 
