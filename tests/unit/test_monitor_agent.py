@@ -39,11 +39,12 @@ def test_missing_empty_or_absent_token_is_a_clear_error(tmp_path):
 
 class Recorder(BaseHTTPRequestHandler):
     seen: list = []
+    statuses: list = []  # answers to give, in order; 200 once used up
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Recorder.seen.append((self.path, self.headers.get("Authorization"), body))
-        self.send_response(200)
+        self.send_response(Recorder.statuses.pop(0) if Recorder.statuses else 200)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"{}")
@@ -54,7 +55,7 @@ class Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def registry():
-    Recorder.seen = []
+    Recorder.seen, Recorder.statuses = [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -103,3 +104,15 @@ def test_agent_without_a_token_exits_2_and_says_how(registry):
     r = run_agent(registry, "--node-name", "n", env={"FAKE_PYNVML_GPUS": json.dumps(GPUS)})
     assert r.returncode == 2 and TOKEN_ENV in r.stderr and "--token-file" in r.stderr
     assert Recorder.seen == []
+
+
+def test_agent_keeps_trying_while_its_node_is_unknown_and_stops_on_a_bad_token(registry):
+    """A DaemonSet pod starts before its node's Ray pod joins: 422 is retried, 401 ends the agent."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env.update({TOKEN_ENV: "t", "FAKE_PYNVML_GPUS": json.dumps(GPUS[:1]),
+                "PYTHONPATH": os.pathsep.join([str(FAKE_PYNVML), str(ROOT)])})
+    Recorder.statuses = [422, 422, 200, 200, 401]
+    r = subprocess.run([sys.executable, "-m", "hive_apps.monitor", "--registry-url", registry, "--node-name", "n",
+                        "--interval", "0.02"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and len(Recorder.seen) == 5, r.stderr
+    assert "HTTP 422" in r.stderr and "HTTP 401" in r.stderr
