@@ -2,7 +2,14 @@
 
 For the Kubernetes DaemonSet (or any host where a process outside Ray should report):
 
-    python -m hive_apps.monitor --registry-url http://HEAD:8000 --token $HIVE_ADMIN_TOKEN
+    HIVE_MONITOR_TOKEN=... python -m hive_apps.monitor --registry-url http://HEAD:8000
+    python -m hive_apps.monitor --registry-url http://HEAD:8000 --token-file /etc/ray-hive/monitor-token
+
+The token is read from ``--token-file`` (re-read before every push, so a rotated Kubernetes
+Secret applies without a restart), else ``--token``, else ``HIVE_MONITOR_TOKEN``. Prefer the
+file or the variable: a token on the command line is visible to every process on the host. Today the
+registry's samples endpoint takes the admin token; give the agent that value until the hive
+accepts a separate monitor token.
 
 ``--node-name`` must match the ``ray-hive/node`` label of the Ray node on this host (the
 default is the host name). A fresh pushed reading takes precedence over the in-Ray monitor's
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 import time
@@ -32,26 +40,70 @@ def push_once(client: httpx.Client, url: str, node_name: str, sim_gpus: str | No
     return client.post(f"{url.rstrip('/')}/admin/registry/samples", json=sample.model_dump(mode="json"))
 
 
-def main(argv: list[str] | None = None) -> int:
+TOKEN_ENV = "HIVE_MONITOR_TOKEN"
+
+
+class TokenError(ValueError):
+    """No usable token: none given, or the token file is missing or empty."""
+
+
+def read_token(token: str | None, token_file: str | None, environ: dict[str, str] | None = None) -> str:
+    """The bearer token to push with: ``--token-file``, else ``--token``, else ``HIVE_MONITOR_TOKEN``
+    (a flag given on the command line wins over the environment)."""
+    if token_file:
+        try:
+            text = open(token_file, encoding="utf-8").read().strip()
+        except OSError as e:
+            raise TokenError(f"cannot read --token-file {token_file}: {e.strerror}") from None
+        if not text:
+            raise TokenError(f"--token-file {token_file} is empty: put the monitor token in it")
+        return text
+    if token:
+        return token
+    env = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+    if env:
+        return env
+    raise TokenError(f"no token: set {TOKEN_ENV}, or pass --token-file PATH (or --token, visible to other processes)")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--registry-url", required=True, help="the hive's HTTP address, e.g. http://ray-head:8000")
-    ap.add_argument("--token", required=True, help="the admin token (HIVE_ADMIN_TOKEN)")
+    ap.add_argument("--token-file", default=None, help="a file holding the token (e.g. a mounted Secret); re-read before each push")
+    ap.add_argument("--token", default=None, help=f"the token itself (prefer {TOKEN_ENV} or --token-file: argv is visible to others)")
     ap.add_argument("--node-name", default=socket.gethostname())
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
     ap.add_argument("--sim-gpus", default=None, help="report simulated GPUs instead, e.g. H100-80GB.L4 (tests)")
     ap.add_argument("--once", action="store_true", help="push one reading and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    with httpx.Client(headers={"Authorization": f"Bearer {args.token}"}, timeout=10) as client:
+    try:
+        read_token(args.token, args.token_file)
+    except TokenError as e:
+        ap.error(str(e))
+    with httpx.Client(timeout=10) as client:
         while True:
             try:
+                client.headers["Authorization"] = f"Bearer {read_token(args.token, args.token_file)}"
                 r = push_once(client, args.registry_url, args.node_name, args.sim_gpus)
                 if r.status_code != 200:
                     log.warning("registry refused the sample: HTTP %d %s", r.status_code, r.text)
-                    if args.once or r.status_code in (401, 404, 422):
-                        return 1
+                    if args.once or r.status_code in (401, 403):
+                        return 1  # a wrong token does not fix itself: fail loudly
+                    # e.g. 404/422 "no alive Ray node is named ...": the node's Ray pod is not up yet
+                    # (a DaemonSet starts before it); keep trying, less often, instead of crash-looping
+                    time.sleep(max(0.0, min(30.0, 10 * args.interval) - args.interval))
             except httpx.HTTPError as e:
                 log.warning("registry unreachable: %s", e)
+                if args.once:
+                    return 1
+            except TokenError as e:  # the token file vanished or emptied mid-run (a Secret being rotated)
+                log.warning("%s", e)
                 if args.once:
                     return 1
             if args.once:

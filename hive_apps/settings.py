@@ -19,6 +19,8 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from hive_apps.engine.ports import parse_port_range
+
 log = logging.getLogger("ray.serve")
 
 ENV_PREFIX = "HIVE_"
@@ -49,6 +51,9 @@ class HiveSettings(BaseSettings):
     plan_timeout_s: float = Field(30.0, gt=0, description="Longest one plan may compute; past it the deploy gets 422.")
     engine_read_timeout_s: float = Field(600.0, gt=0, description="A request fails when its engine sends nothing for this long.")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
+    engine_port_range: Annotated[tuple[int, int] | None, NoDecode] = Field(
+        None, description="e.g. 20000-20999: engine replicas listen on the first free port of this range "
+                          "(for NetworkPolicies and firewalls); unset = any free port.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")
@@ -60,6 +65,13 @@ class HiveSettings(BaseSettings):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
+
+    @field_validator("engine_port_range", mode="before")
+    @classmethod
+    def _port_range(cls, value):
+        if value == "":
+            return None
+        return parse_port_range(value) if isinstance(value, str) else value
 
     @field_validator("admin_token", "monitor_token", "api_keys_file", "model_root", mode="before")
     @classmethod

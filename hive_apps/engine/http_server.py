@@ -18,7 +18,6 @@ import contextlib
 import hmac
 import logging
 import secrets
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -82,13 +81,14 @@ class RunningServer:
 
 
 async def start_http_server(app: Any, on_request: Callable[[int], None], load: Callable[[], BaseModel]) -> RunningServer:
-    """Serve ``app`` on a free port of this node, in the running event loop."""
+    """Serve ``app`` on a free port of this node (in HIVE_ENGINE_PORT_RANGE if set), in the running event loop."""
     import ray
 
+    from hive_apps.engine.ports import listen_in_range
+    from hive_apps.settings import get_settings
+
     token = secrets.token_urlsafe(24)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("0.0.0.0", 0))
+    sock = listen_in_range(get_settings().engine_port_range)  # HIVE_ENGINE_PORT_RANGE, else any free port
     port = sock.getsockname()[1]
     config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning",
                             access_log=False, timeout_keep_alive=75, server_header=False, date_header=False)
