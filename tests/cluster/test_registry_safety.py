@@ -195,39 +195,50 @@ def test_host_ram_is_tracked_per_node(clean):
 
 
 def test_node_dying_while_a_heal_is_in_flight_ends_healed(clean):
-    """The lost update of the old admin: it wrote back its copy of the record after a heal and
-    erased a loss recorded meanwhile, leaving the model 'ready' with a replica gone."""
+    """The lost update of the old admin: when a heal's replacement came up it read the record,
+    asked the engines for their start times and wrote the whole record back as 'ready', erasing
+    a loss the registry recorded meanwhile: 'ready' with a replica gone, never healed again.
+    Here the replacement's node dies the moment its engine is healthy."""
+    from ray import serve
+
     hive = clean
     first = add_sim_node(hive, "node-e", "H200")
     second = add_sim_node(hive, "node-f", "H200")
     r = hive.deploy(model_id="lazarus", model=SIM_MODEL, engine="sim",
-                    vllm_kwargs={"sim_tokens_per_s": 1000, "sim_start_delay_s": 3})
+                    vllm_kwargs={"sim_tokens_per_s": 1000, "sim_start_delay_s": 2})
     assert r.status_code == 200, r.text
     start_node = r.json()["replicas"]["r0"]["devices"][0].split(":")[0]
-    assert start_node in ("node-e", "node-f")
     nodes = {"node-e": first, "node-f": second}
     hive.cluster.remove_node(nodes.pop(start_node))
     dead = {start_node}
     deadline = time.time() + 60
-    while True:  # the heal is in flight: kill the node its replacement went to
+    while True:  # the heal places the replacement on the other H200 node
         status = hive.admin.get("/models/lazarus").json()
-        if status["status"] == "healing":
-            target = status["replicas"]["r0"]["devices"][0].split(":")[0]
-            if target in nodes:
-                hive.cluster.remove_node(nodes.pop(target))
-                dead.add(target)
+        target = status["replicas"]["r0"]["devices"][0].split(":")[0]
+        if status["status"] == "healing" and target in nodes:
             break
         assert time.time() < deadline, f"no heal began: {status}"
-        time.sleep(0.2)
+        time.sleep(0.05)
+    while True:  # ... and its node dies as soon as Serve reports the replacement healthy
+        app = serve.status().applications.get("lazarus")
+        if app is not None and app.deployments.get("engine-r0") and app.deployments["engine-r0"].status == "HEALTHY":
+            hive.cluster.remove_node(nodes.pop(target))
+            dead.add(target)
+            break
+        assert time.time() < deadline, "the replacement never became healthy"
+        time.sleep(0.02)
     deadline = time.time() + 120
+    seen = []
     while True:
         status = hive.admin.get("/models/lazarus").json()
         placed = {d.split(":")[0] for d in status["replicas"]["r0"]["devices"]}
-        if status["status"] == "ready":
-            assert not status["lost_replicas"] and not placed & dead, f"ready with a replica missing: {status}"
+        seen.append((status["status"], sorted(placed)))
+        if status["status"] == "ready" and not placed & dead:
             break
-        assert time.time() < deadline, f"not healed: {status}"
+        assert not (status["status"] == "ready" and placed & dead), f"ready with its replica on a dead node: {status}"
+        assert time.time() < deadline, f"not healed: {status}; seen {seen[-5:]}"
         time.sleep(0.2)
+    assert not status["lost_replicas"]
     out = hive.api.post("/v1/chat/completions", json={"model": "lazarus", "max_tokens": 1,
                                                       "messages": [{"role": "user", "content": "alive?"}]})
     assert out.status_code == 200, out.text
