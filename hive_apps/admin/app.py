@@ -119,16 +119,15 @@ class Admin:
 
         On start this resumes every deploy, heal and delete a previous admin left in flight.
         """
-        after, swept_at = -1, 0.0
+        after, swept_at, seen = -1, 0.0, {}
         while True:
             try:
                 view = await self.registry.watch.remote(after, WATCH_S)
-                changed = view.version != after
                 after = view.version
-                if changed:
-                    for rec in view.models:
-                        if rec.status is not ModelStatus.READY:
-                            self.reconciler.ensure(rec.model_id)
+                for rec in view.models:  # wake only the loops of records that changed
+                    if seen.get(rec.model_id) != rec.version and rec.status is not ModelStatus.READY:
+                        self.reconciler.ensure(rec.model_id)
+                seen = {rec.model_id: rec.version for rec in view.models}
                 if time.time() - swept_at > SWEEP_S:
                     swept_at = time.time()
                     await self.reconciler.sweep(view.models)
