@@ -27,6 +27,7 @@ from pydantic import BaseModel
 log = logging.getLogger("ray.serve")
 
 TOKEN_HEADER = "x-hive-engine-token"
+MAX_CONNECTIONS = 2048
 LOAD_PATH = "/hive/load"
 
 
@@ -88,16 +89,20 @@ async def start_http_server(app: Any, on_request: Callable[[int], None], load: C
     from hive_apps.settings import get_settings
 
     token = secrets.token_urlsafe(24)
-    sock = listen_in_range(get_settings().engine_port_range)  # HIVE_ENGINE_PORT_RANGE, else any free port
+    host = ray.util.get_node_ip_address()  # the node's cluster address, not every interface
+    sock = listen_in_range(get_settings().engine_port_range, host)  # HIVE_ENGINE_PORT_RANGE, else any free port
     port = sock.getsockname()[1]
+    # Bounded: connections and requests in flight past MAX_CONNECTIONS get a 503, headers past
+    # h11's 16 KiB are refused, idle keep-alive connections close after 75 s.
     config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning",
-                            access_log=False, timeout_keep_alive=75, server_header=False, date_header=False)
+                            access_log=False, timeout_keep_alive=75, server_header=False, date_header=False,
+                            limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=16 * 1024)
     server = _QuietServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if task.done():
         task.result()  # raises the reason it could not start
-    endpoint = EngineEndpoint(url=f"http://{ray.util.get_node_ip_address()}:{port}", token=token)
+    endpoint = EngineEndpoint(url=f"http://{host}:{port}", token=token)
     log.info("engine HTTP server on %s", endpoint.url)
     return RunningServer(endpoint, server, task)

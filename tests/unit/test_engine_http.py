@@ -161,3 +161,18 @@ async def test_a_hung_engine_fails_the_request_instead_of_holding_it(monkeypatch
     finally:
         server.close()
         get_settings.cache_clear()
+
+
+async def test_the_engine_port_listens_on_the_nodes_address_only():
+    import socket
+    from urllib.parse import urlparse
+
+    e = await engine(sim_tokens_per_s=5000)
+    url = urlparse(e.endpoint().url)
+    bound = e.http.server.servers[0].sockets[0].getsockname()
+    assert bound[0] == url.hostname and bound[0] != "0.0.0.0"
+    assert e.http.server.config.limit_concurrency is not None
+    if url.hostname != "127.0.0.1":  # loopback is another interface: nothing listens there
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", url.port)) != 0
+    await e.http.stop()
