@@ -120,6 +120,8 @@ def main() -> int:
     print(f"\nThe hive is running. Admin token: {admin_token}  API key: {api_key}")
     print(f"  curl -H 'Authorization: Bearer {admin_token}' {args.url}/admin/gpus")
     print(f"  OpenAI base_url={args.url}/v1   dashboard: http://127.0.0.1:8265   stop: ray stop")
+    print("  Never expose Ray's own ports (6379, 8265, 10001, ...): they give full control of the cluster. "
+          "On a shared network start Ray with RAY_AUTH_MODE=token (README: Trust model).")
     return 0
 
 
