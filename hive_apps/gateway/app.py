@@ -22,7 +22,7 @@ from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
-from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
 from hive_apps.settings import get_settings
 
@@ -75,6 +75,9 @@ class Gateway:
         fields = body_fields(req)
         if fields.model is None:
             return openai_error(400, "the request body must be JSON with a 'model' field naming a model from GET /v1/models", "model")
+        problem = body_problem(path.rstrip("/"), fields.body)
+        if problem is not None:
+            return openai_error(400, *problem)
         models = await self.ready_models()
         if fields.model not in models:
             known = ", ".join(models) or "none yet"

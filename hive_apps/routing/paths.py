@@ -38,3 +38,27 @@ def model_object_id(method: str, path: str) -> str | None:
 
 def is_models_list(method: str, path: str) -> bool:
     return method == "GET" and path.rstrip("/") == MODELS_ROUTE
+
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def body_problem(path: str, body: dict | None) -> tuple[str, str] | None:
+    """What OpenAI would refuse with a 400 before any model runs: ``(message, param)``, or None.
+    Audio routes take multipart forms, checked by the engine."""
+    if path.startswith("/v1/audio/"):
+        return None
+    if body is None:
+        return "the request body must be a JSON object", "body"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "the request body must name a model in its 'model' field (GET /v1/models lists them)", "model"
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "'messages' must be a non-empty list", "messages"
+        for i, m in enumerate(messages):
+            role = m.get("role") if isinstance(m, dict) else None
+            if role not in CHAT_ROLES:
+                return (f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}",
+                        f"messages.[{i}].role")
+    return None

@@ -19,7 +19,7 @@ from hive_apps import names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
-from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
 from hive_apps.registry.records import SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
@@ -64,7 +64,12 @@ class Router:
             req = await read_forwarded(request, path)
         except BodyTooLarge:
             return too_large()
-        return await respond(self.replicas, req, body_fields(req))
+        fields = body_fields(req)
+        if request.method == "POST":
+            problem = body_problem(path.rstrip("/"), fields.body)
+            if problem is not None:
+                return openai_error(400, *problem)
+        return await respond(self.replicas, req, fields)
 
 
 def router_deployment():

@@ -42,6 +42,11 @@ def test_only_openai_routes_reach_engines(clean):
     assert hive.api.get("/v1/models/ghost").status_code == 404
     r = hive.api.post("/v1/chat/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
+    for route in ("/v1", "/gated/v1"):
+        r = hive.api.post(f"{route}/chat/completions", json={"model": "gated", "messages": [{"role": "wizard", "content": "x"}]})
+        assert r.status_code == 400 and "role" in r.json()["error"]["message"], (route, r.text)
+    r = hive.api.post("/gated/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
     ok = hive.api.post("/gated/v1/chat/completions", json={"model": "gated", "max_tokens": 1,
                                                            "messages": [{"role": "user", "content": "x"}]})
     assert ok.status_code == 200, ok.text

@@ -16,3 +16,18 @@ def test_models_routes():
     assert not is_models_list("POST", "/v1/models")
     assert model_object_id("GET", "/v1/models/qwen3") == "qwen3"
     assert model_object_id("GET", "/v1/models/") is None and model_object_id("GET", "/v1/models/../x") is None
+
+
+def test_bodies_openai_would_refuse_are_400s():
+    from hive_apps.routing.paths import body_problem
+
+    chat = "/v1/chat/completions"
+    ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert body_problem(chat, ok) is None
+    assert body_problem(chat, None)[1] == "body"
+    assert body_problem(chat, {"messages": ok["messages"]})[1] == "model"
+    msg, param = body_problem(chat, {**ok, "messages": [{"role": "wizard", "content": "x"}]})
+    assert "'wizard'" in msg and param == "messages.[0].role"
+    assert body_problem(chat, {**ok, "messages": []})[1] == "messages"
+    assert body_problem("/v1/completions", {"model": "m", "prompt": "x"}) is None
+    assert body_problem("/v1/audio/transcriptions", None) is None  # multipart: the engine checks it
