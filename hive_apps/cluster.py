@@ -61,7 +61,8 @@ class NodeInfo(BaseModel):
 class Cluster(Protocol):
     # --- Serve applications ---
     def app_states(self) -> dict[str, AppState]: ...
-    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None) -> None: ...
+    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
+                      generations: dict[int, int]) -> None: ...
     def delete_app(self, name: str) -> None: ...
     # --- handles (cached) ---
     def app_handle(self, name: str) -> Any: ...
@@ -104,7 +105,8 @@ class RayCluster:
             )
         return out
 
-    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None) -> None:
+    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
+                      generations: dict[int, int]) -> None:
         """Add or update a model's app without waiting for it to run.
 
         Serve pickles apps with cloudpickle, whose by-value module registry is global and not
@@ -119,7 +121,7 @@ class RayCluster:
         for attempt in range(1, PICKLE_RACE_ATTEMPTS + 1):
             try:
                 with self._serve_lock:
-                    app = build_model_app(model_id, plan, max_queued_requests)
+                    app = build_model_app(model_id, plan, max_queued_requests, generations)
                     serve.run_many(
                         [serve.RunTarget(app, name=names.model_app(model_id), route_prefix=names.model_route(model_id))],
                         wait_for_ingress_deployment_creation=False,

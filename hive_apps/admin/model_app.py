@@ -43,12 +43,17 @@ def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
     }
 
 
-def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan) -> str:
-    key = f"{__version__}|{plan.engine}|{model_id}|{plan.profile.path}|{rp.model_dump_json()}"
+def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan, generation: int = 0) -> str:
+    """Stable while the replica's plan is; new when it moved, or was placed again after a failed
+    start (Serve 2.60 stops a rolling update after a failed start and keeps that version failed
+    until a different version is deployed)."""
+    key = f"{__version__}|{plan.engine}|{model_id}|{plan.profile.path}|{rp.model_dump_json()}|{generation}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None):
+def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None,
+                    generations: dict[int, int] | None = None):
+    """``generations``: replica index -> the plan generation it was (last) placed at."""
     cls = engine_class(plan.engine)
     engines = []
     for rp in plan.replicas:
@@ -65,6 +70,6 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
         # A stable version per replica plan: redeploying the app (self-healing) replaces only the
         # replicas whose plan changed; Serve would otherwise restart every engine. Serve 2.60
         # removed the public `version` option but still honours the attribute.
-        dep._version = replica_version(model_id, plan, rp)
+        dep._version = replica_version(model_id, plan, rp, (generations or {}).get(rp.index, 0))
         engines.append(dep.bind(model_id, plan.profile.path, rp))
     return router_deployment().bind(model_id, engines, plan.replicas, default_queue_bound(plan, max_queued_requests))

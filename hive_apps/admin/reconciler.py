@@ -147,7 +147,7 @@ class Reconciler:
     async def _starting(self, rec: ModelRecord) -> float | None:
         if rec.applied_generation != rec.plan_generation:
             await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
-                           timeout=SERVE_TIMEOUT_S)
+                           rec.placed_at, timeout=SERVE_TIMEOUT_S)
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
         live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
@@ -159,7 +159,7 @@ class Reconciler:
         state = await self._app_state(rec.model_id)
         if state.status == "MISSING":  # removed behind our back: build it again
             await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
-                           timeout=SERVE_TIMEOUT_S)
+                           rec.placed_at, timeout=SERVE_TIMEOUT_S)
             return POLL_S
         deployments = [names.engine_deployment(i) for i in watched] + [names.ROUTER_DEPLOYMENT]
         if all(state.deployments.get(d) == HEALTHY for d in deployments):

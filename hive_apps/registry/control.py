@@ -167,6 +167,7 @@ class ModelBook:
         by_index.update({rp.index: rp for rp in replacements})
         rec.plan = rec.plan.model_copy(update={"replicas": [by_index[i] for i in sorted(by_index)]})
         rec.plan_generation += 1
+        rec.placed_at.update({i: rec.plan_generation for i in indices})
         rec.status, rec.healing_replicas, rec.starting_since = ModelStatus.HEALING, sorted(indices), now
         for i in indices:
             rec.lost_replicas.pop(names.replica_label(i), None)

@@ -81,6 +81,7 @@ class ModelRecord(BaseModel):
     plan_generation: int = 1  # goes up when the plan changes (self-healing moved replicas)
     applied_generation: int = 0  # the plan generation the model's Serve app was last built from
     applied_at: float = 0.0  # when it was built (Serve's status lags a rebuild briefly)
+    placed_at: dict[int, int] = Field(default_factory=dict)  # replica index -> plan generation of its last placement
     starting_since: float = Field(default_factory=time.time)  # when the current deploy or heal began
     heal_attempts: int = 0  # failed self-healing attempts in a row (for the back-off)
     next_heal_at: float = 0.0

@@ -57,6 +57,7 @@ class Planner:
 class FakeApp:
     plan: Plan
     builds: int = 1
+    generations: dict[int, int] = field(default_factory=dict)
     deployments: dict[str, str] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
 
@@ -114,9 +115,10 @@ class FakeCluster:
             out[name] = AppState(status=status, deployments=deps, deployment_messages={**msgs, **app.messages})
         return out
 
-    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None) -> None:
+    def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
+                      generations: dict[int, int] | None = None) -> None:
         app = self.apps.get(model_id)
-        self.apps[model_id] = FakeApp(plan=plan, builds=(app.builds + 1) if app else 1)
+        self.apps[model_id] = FakeApp(plan=plan, builds=(app.builds + 1) if app else 1, generations=dict(generations or {}))
 
     def delete_app(self, name: str) -> None:
         if self.apps.pop(name, None) is not None:

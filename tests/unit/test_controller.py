@@ -198,13 +198,15 @@ async def test_failed_heals_back_off_exponentially(hive):
     hive.cluster.kill_node(node)
     await hive.sample()
     hive.cluster.start_mode["m"] = "fail"
-    waits = []
+    waits, generations = [], []
     for _ in range(3):
         rec = await hive.settle("m")
         assert rec.status is ModelStatus.DEGRADED and rec.healing_replicas == []
         waits.append(round(rec.next_heal_at - time.time()))
+        generations.append(hive.cluster.apps["m"].generations[0])
         hive.registry.book.records["m"].next_heal_at = 0  # time passes
     assert waits == [2, 4, 8] and rec.heal_attempts == 3
+    assert len(set(generations)) == 3, "each new placement is a new version for Serve, even on the same device"
     assert "self-healing failed (attempt 3" in rec.message
     hive.cluster.start_mode["m"] = "ok"
     rec = await hive.settle("m")

@@ -15,3 +15,16 @@ def test_engine_replicas_are_pinned_and_get_no_secrets():
     sim = replica_actor_options(replica_plan())  # a simulated GPU: no CUDA pin, still no secrets
     assert "CUDA_VISIBLE_DEVICES" not in sim["runtime_env"]["env_vars"]
     assert sim["runtime_env"]["env_vars"]["HIVE_API_KEYS"] == ""
+
+
+def test_a_replica_placed_again_is_a_new_version_and_the_others_keep_theirs():
+    from hive_apps.admin.model_app import replica_version
+
+    from .planning_fixtures import gpu
+    from .test_planning_placement import plan
+
+    p = plan("Qwen__Qwen3-0.6B", [gpu("L4", "a", 0), gpu("L4", "a", 1)], replicas=2)
+    r0, r1 = p.replicas
+    assert replica_version("m", p, r0) == replica_version("m", p, r0, 0)  # stable
+    assert replica_version("m", p, r0, 3) != replica_version("m", p, r0, 2)  # placed again, same device
+    assert replica_version("m", p, r1) != replica_version("m", p, r0)
