@@ -68,16 +68,18 @@ ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", 
 
 
 class Registry:
-    def __init__(self, settings: HiveSettings | None = None):
+    async def __init__(self, settings: HiveSettings | None = None):
+        """Serve awaits this; so do the unit tests (``Registry.__new__`` then ``await __init__``)."""
         self.settings = settings or get_settings()
         self.cluster = get_cluster()
         self.ledger = Ledger(self.settings.memory_budget_fraction)
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
-        self.book = ModelBook(self.ledger, self.store.load_all(MODEL_KEY, ModelRecord))
-        for r in self.store.load_all(RESERVATION_KEY, Reservation):
+        load = self.store.load_all_async
+        self.book = ModelBook(self.ledger, await load(MODEL_KEY, ModelRecord))
+        for r in await load(RESERVATION_KEY, Reservation):
             self.ledger.reservations[r.key] = r
         self.start_locks = StartLocks()
-        stored = self.store.load_all(START_LOCKS_KEY, StartLockState)
+        stored = await load(START_LOCKS_KEY, StartLockState)
         if stored:
             self.start_locks.held = dict(stored[0].held)
         self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
@@ -85,7 +87,7 @@ class Registry:
         self.sampled = asyncio.Event()
         self.changed = asyncio.Condition()
         self.last_sample_at = 0.0
-        self._loop_task = asyncio.get_event_loop().create_task(self._monitor_loop())
+        self._loop_task = asyncio.get_running_loop().create_task(self._monitor_loop())
         log.info("registry up: %d models, %d reservations, %d start locks restored",
                  len(self.book.records), len(self.ledger.reservations), len(self.start_locks.held))
 

@@ -39,8 +39,13 @@ class StateStore:
         if futures:
             await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
 
+    async def load_all_async(self, prefix: str, model: type[T]) -> list[T]:
+        """``load_all`` off the event loop, with the store's deadline."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(self._writer, self.load_all, prefix, model), self.timeout_s * 6)
+
     def load_all(self, prefix: str, model: type[T]) -> list[T]:
-        """Every stored value under ``prefix`` (blocking: called once at start)."""
+        """Every stored value under ``prefix`` (blocking)."""
         out = []
         for key in self.cluster.kv_keys(self.namespace, prefix):
             raw = self.cluster.kv_get(self.namespace, key)

@@ -29,14 +29,15 @@ class Hive:
     def __init__(self, cluster: FakeCluster):
         self.cluster = cluster
         set_cluster(cluster)
-        self.registry = self.start_registry()
         self.reconciler = Reconciler(cluster, SETTINGS, apply_grace_s=0)
 
-    def start_registry(self) -> Registry:
+    async def start_registry(self) -> Registry:
         """A registry replica: a new one reads everything back from the KV."""
-        reg = Registry(SETTINGS)
+        reg = Registry.__new__(Registry)
+        await reg.__init__(SETTINGS)
         reg._loop_task.cancel()  # the tests sample when they mean to
         self.cluster.serve(names.REGISTRY_APP, reg)
+        self.registry = reg
         return reg
 
     async def sample(self) -> None:
@@ -71,6 +72,7 @@ class Hive:
 @pytest.fixture
 async def hive():
     h = Hive(FakeCluster({"node-a": "H100-80GB.H100-80GB", "node-b": "L4.L4"}))
+    await h.start_registry()
     await h.sample()
     yield h
     set_cluster(None)
@@ -260,7 +262,7 @@ async def test_registry_restart_mid_deploy_keeps_record_reservations_and_locks(h
     await hive.step("m")
     assert await hive.registry.acquire_start_lock(["node-a:gpu1"], "m/r0", 600)
     before = await hive.registry.get_model("m")
-    hive.registry = hive.start_registry()  # the registry replica was killed and came back
+    await hive.start_registry()  # the registry replica was killed and came back
     await hive.sample()
     assert (await hive.registry.get_model("m")) == before
     assert hive.reserved("m")["m/r0"].state is ReservationState.PENDING
@@ -343,7 +345,7 @@ async def test_corrupt_stored_record_is_quarantined(hive):
     hive.cluster.kv[(ns, "model/bad")] = b'{"model_id": "bad", "not": "a record"}'
     hive.cluster.kv[(ns, "model/old")] = (await hive.registry.get_model("good")).model_copy(
         update={"model_id": "old"}).model_dump_json().replace('"schema_version":1', '"schema_version":99').encode()
-    hive.registry = hive.start_registry()
+    await hive.start_registry()
     assert [r.model_id for r in await hive.registry.list_models()] == ["good"]
     assert (ns, "quarantine/model/bad") in hive.cluster.kv and (ns, "quarantine/model/old") in hive.cluster.kv
 
