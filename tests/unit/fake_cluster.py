@@ -47,6 +47,9 @@ class LocalHandle:
     def __getattr__(self, name: str) -> _Method:
         return _Method(self.target, name)
 
+    def options(self, **_) -> "LocalHandle":
+        return self
+
 
 class Planner:
     def plan(self, spec, devices):
