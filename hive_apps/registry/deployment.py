@@ -76,6 +76,9 @@ class Registry:
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
         load = self.store.load_all_async
         self.book = ModelBook(self.ledger, await load(MODEL_KEY, ModelRecord))
+        # Followers long-poll with the last version they saw; a restarted registry starts past any
+        # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
+        self.book.version = int(time.time() * 1000)
         for r in await load(RESERVATION_KEY, Reservation):
             self.ledger.reservations[r.key] = r
         self.start_locks = StartLocks()

@@ -360,3 +360,12 @@ async def test_a_rebuild_is_not_judged_on_serve_status_from_before_it(hive):
     hive.registry.book.records["m"].applied_at -= 3
     rec = await hive.settle("m")
     assert rec.status is ModelStatus.FAILED
+
+
+async def test_a_restarted_registry_answers_followers_at_once(hive):
+    await hive.deploy("m", gpu="node-a:gpu0")
+    seen = (await hive.registry.watch(-1, 0)).version
+    await hive.start_registry()  # the registry replica was killed and came back
+    t0 = time.monotonic()
+    view = await hive.registry.watch(seen, 5)
+    assert time.monotonic() - t0 < 0.5 and [r.model_id for r in view.models] == ["m"]
