@@ -118,6 +118,8 @@ def capacity(dc: DeviceCapacity, *, budget_is_applied: bool = True) -> int:
 
 
 def kind_problem(dc: DeviceCapacity, engine: EngineKind) -> str | None:
+    if dc.device.error:
+        return f"unreadable: {dc.device.error}"
     if dc.device.kind not in allowed_kinds(engine):
         return (f"{dc.device.kind.value} device: a simulated GPU cannot run the real vLLM "
                 "engine (use engine 'sim', or a real GPU / CPU node)")

@@ -11,7 +11,10 @@ of output tokens per second for the declared lengths (P input, G output tokens):
     prefill step t_p(T) = step overhead + max(weights / bandwidth, T x flops per token / compute)
     tokens/s   = S x G / (G x t_d(S) + ceil(S x P / T) x t_p(T))       (pooling: S x P / prefill time)
 
-Bandwidth and compute are the device's datasheet figures at 80 % and 50 % efficiency; a
+Bandwidth and compute are the device's datasheet figures (``registry/catalog.py``: real
+GPUs are identified by their NVML name; a card the catalog lacks gets NVML-derived estimates,
+listed in its ``estimates``) at 80 % and 50 % efficiency; compute is the dense FP16/BF16
+figure, or the FP8 one for fp8-weight checkpoints on cards with FP8 tensor cores; a
 step costs 1.5 ms with CUDA graphs, 4 ms eager, 10 ms on CPU. The estimate only ranks
 settings (and is reported as ``expected_tokens_per_s``); it is not a promise. Among the
 settings within 2 % of the best score the one with the smallest footprint wins, so a replica
@@ -330,7 +333,7 @@ class _Sizer:
         """
         d = dc.device
         on_cpu = d.kind is DeviceKind.CPU
-        key = (on_cpu, d.memory_bandwidth_gbps, d.fp16_tflops, d.cpu_count)
+        key = (on_cpu, d.memory_bandwidth_gbps, d.fp16_tflops, d.fp8_tflops, d.cpu_count)
         speed = self._speed.get(key)
         if speed is None:
             perf = _perf([dc], on_cpu, 1, self._eager(on_cpu), self.profile)
@@ -544,7 +547,9 @@ def _perf(devs: list[DeviceCapacity], on_cpu: bool, tp: int, eager: bool, profil
         return _Perf(bandwidth=min(CPU_BANDWIDTH_PER_CORE * cores_per_rank, 100e9) * CPU_EFFICIENCY,
                      flops=CPU_FLOPS_PER_CORE * cores_per_rank * CPU_EFFICIENCY, step_s=CPU_STEP_S)
     bw = min(dc.device.memory_bandwidth_gbps or FALLBACK_BANDWIDTH_GBPS for dc in devs)
-    tf = min(dc.device.fp16_tflops or FALLBACK_TFLOPS for dc in devs)
+    fp8 = bool(profile.quant and profile.quant.fp8_weights)  # W8A8 on cards with FP8 tensor cores
+    tf = min((dc.device.fp8_tflops if fp8 and dc.device.fp8_tflops else dc.device.fp16_tflops) or FALLBACK_TFLOPS
+             for dc in devs)
     step = (GPU_EAGER_STEP_S if eager else GPU_STEP_S) + (2 * profile.num_layers * TP_ALLREDUCE_S if tp > 1 else 0)
     return _Perf(bandwidth=bw * 1e9 * GPU_BANDWIDTH_EFFICIENCY, flops=tf * 1e12 * GPU_COMPUTE_EFFICIENCY, step_s=step)
 
