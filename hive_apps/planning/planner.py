@@ -176,9 +176,17 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         rejected = []
     else:
         try:
-            placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
-                                              overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
-                                              speed=sizer.device_speed, policy=policy)
+            try:
+                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
+                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
+                                                  speed=sizer.device_speed, policy=policy)
+            except PlanningError:
+                if sizer.seq_target is None:
+                    raise
+                sizer.relax_demand()  # no device holds the whole demand: the most that fit
+                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
+                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
+                                                  speed=sizer.device_speed, policy=policy)
         except PlanningError as exc:
             fixed = overrides.model_dump(exclude_none=True)
             if fixed and exc.status_code == 422:
@@ -189,10 +197,18 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         if policy is not None:
             policy_notes.append(f"devices ranked by {PLACEMENT_POLICY_KEY} {policy.path!r} within the hive's "
                                 f"fit and unshared-first rules (allocation={spec.allocation.value!r} not used)")
+    if sizer.demand is not None and spec.replicas == -1:
+        sizer.set_target(-(-sizer.demand // len(placements)))
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
+    if sizer.demand is not None:
+        sizer.notes.append(f"sized for max_concurrency={sizer.demand}: max_num_seqs "
+                           f"{', '.join(str(r.settings.max_num_seqs) for r in replicas)} over {len(replicas)} "
+                           "replica(s), KV for that many full-length requests")
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
-                notes=list(profile.notes) + sizer.notes + policy_notes)
+                notes=list(profile.notes) + sizer.notes + policy_notes,
+                expected_tokens_per_s=round(sum(r.expected_tokens_per_s or 0.0 for r in replicas), 1),
+                planned_concurrency=sum(r.settings.max_num_seqs for r in replicas))
 
 
 class _Sizer:
@@ -237,11 +253,25 @@ class _Sizer:
                 f"multimodal item ({it.tokens} tokens per {it.modality}: {it.how}), by "
                 f"{it.tokens - overrides.max_num_batched_tokens} tokens; a step must hold one whole item. Raise "
                 f"it or turn {it.knob}", 422)
+        self.demand = spec.max_concurrency  # the deploy's max_concurrency over all replicas
+        self.seq_target: int | None = None  # per replica: set once the replica count is known
+        if self.demand is not None and spec.replicas >= 1:
+            self.seq_target = -(-self.demand // spec.replicas)
+        self.relaxed = False  # placement may pick a device that holds fewer than seq_target
         self._need_cache: dict[tuple[bool, int], int] = {}
         self._plan_cache: dict[tuple, _Choice] = {}
         self._frames: dict[tuple[bool, int, int], mem.Frame] = {}
         self._throughput: dict[tuple, Throughput] = {}
         self._speed: dict[tuple, float] = {}
+
+    def set_target(self, seqs: int) -> None:
+        self.seq_target = seqs
+        self._need_cache.clear()
+        self._plan_cache.clear()
+
+    def relax_demand(self) -> None:
+        self.relaxed = True
+        self._need_cache.clear()
 
     # ---- lengths --------------------------------------------------------------------
 
@@ -296,7 +326,7 @@ class _Sizer:
     def _token_candidates(self, on_cpu: bool) -> list[int]:
         if self.ov.max_num_batched_tokens:
             return [self.ov.max_num_batched_tokens]
-        floor = self.ov.max_num_seqs or 1  # vLLM: max_num_seqs <= max_num_batched_tokens
+        floor = self.ov.max_num_seqs or self.seq_target or 1  # vLLM: max_num_seqs <= max_num_batched_tokens
         if not self.chunked:
             floor = max(floor, self.max_model_len)
         if self.mm_item is not None:  # one step holds the largest multimodal item whole
@@ -307,6 +337,8 @@ class _Sizer:
     def _seq_cap(self, on_cpu: bool, tokens: int) -> int:
         if self.ov.max_num_seqs:
             return self.ov.max_num_seqs
+        if self.seq_target is not None:  # the demand, as far as one step's tokens allow
+            return max(1, min(self.seq_target, tokens))
         return max(1, min(CPU_MAX_SEQS if on_cpu else GPU_MAX_SEQS, tokens))
 
     def _frame(self, on_cpu: bool, tp: int, tokens: int) -> mem.Frame:
@@ -346,7 +378,8 @@ class _Sizer:
         key = (on_cpu, tp)
         if key not in self._need_cache:
             tokens = self._token_candidates(on_cpu)[0]
-            seqs = self.ov.max_num_seqs or 1
+            seqs = self.ov.max_num_seqs or (self._seq_cap(on_cpu, tokens) if self.seq_target and not self.relaxed
+                                            else 1)
             self._need_cache[key] = self._frame(on_cpu, tp, tokens).total(seqs, self.ov.kv_cache_memory_bytes)
         return self._need_cache[key]
 
@@ -374,6 +407,10 @@ class _Sizer:
         if tp > 1 and not on_cpu:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
         notes = list(placement.notes)
+        if self.seq_target is not None and choice.seqs < self.seq_target:
+            notes.append(f"max_concurrency={self.demand} asks {self.seq_target} sequences of this replica; "
+                         f"{choice.seqs} fit on {', '.join(dc.device.id for dc in devs)} (the rest queue): add "
+                         "replicas or free memory for the full demand")
         notes.extend(n for dc in devs if (n := dtype_note(self.profile, dc)))
         notes.extend(n for dc in devs if (n := fp8_fallback_note(self.profile, dc)))
         first = devs[0].device
@@ -406,7 +443,7 @@ class _Sizer:
             if score < threshold:
                 continue
             seqs = top
-            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs):
+            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs or self.seq_target):
                 lo, hi = 1, top  # fewest sequences that still score near the best
                 while lo < hi:
                     mid = (lo + hi) // 2
