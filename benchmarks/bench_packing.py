@@ -171,16 +171,20 @@ class BestFit:
 
 
 def run_hive(profiles: dict[str, ModelProfile], catalog: list[tuple], order: str, *,
-             policy: str | None = None) -> Outcome:
-    out = Outcome("Ray Hive, best-fit user policy" if policy else "Ray Hive (performance)", order)
+             policy: str | None = None, batch: bool = False) -> Outcome:
+    name = ("Ray Hive, best-fit user policy" if policy else
+            "Ray Hive (performance), catalog as one batch" if batch else "Ray Hive (performance), one at a time")
+    out = Outcome(name, order)
     devices = cluster()
     kwargs = {"hive_placement_policy": policy} if policy else {}
-    for model_id, folder, inp, outp in catalog:
+    specs = [(ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
+                        max_input_prompt_length=inp, max_output_prompt_length=outp, vllm_kwargs=kwargs),
+              profiles[folder]) for model_id, folder, inp, outp in catalog]
+    for k, (model_id, folder, inp, outp) in enumerate(catalog):
         profile = profiles[folder]
-        spec = ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
-                         max_input_prompt_length=inp, max_output_prompt_length=outp, vllm_kwargs=kwargs)
+        spec = specs[k][0]
         try:
-            plan = plan_deployment(spec, devices, profile)
+            plan = plan_deployment(spec, devices, profile, pending=specs[k + 1:] if batch else ())
         except PlanningError:
             gpu_room = max(capacity(dc) for dc in devices if dc.device.kind is not DeviceKind.CPU)
             cpu_room = max(capacity(dc) for dc in devices if dc.device.kind is DeviceKind.CPU)
@@ -339,7 +343,8 @@ def main() -> None:
     outcomes = []
     best_fit = f"{__name__}.BestFit"  # "__main__.BestFit" when run as a script
     for order, catalog in (("catalog", CATALOG), ("largest first", largest)):
-        outcomes += [run_hive(profiles, catalog, order),
+        outcomes += [run_hive(profiles, catalog, order, batch=True),
+                     run_hive(profiles, catalog, order),
                      run_hive(profiles, catalog, order, policy=best_fit),
                      run_fixed(profiles, catalog, order, slots=False),
                      run_fixed(profiles, catalog, order, slots=True)]

@@ -86,6 +86,7 @@ class Placement(BaseModel):
     devices: list[DeviceCapacity]
     tp: int
     share: int = 1  # replicas of this plan on the same device(s), who split its capacity
+    budget: int | None = None  # at most this many bytes per device (a joint plan with pending deploys)
     notes: list[str] = []
 
     @property

@@ -57,12 +57,13 @@ stripped from the engine kwargs (``hive_attention_cls``: profile hook, ``profile
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hive_apps.planning import memory as mem
 from hive_apps.planning.memory import human_bytes
+from hive_apps.planning.packing import joint_slot
 from hive_apps.planning.placement import (
     PLACEMENT_POLICY_KEY, Placement, UserPolicy, capacity, dtype_note, fp8_fallback_note, place_auto,
     place_pinned,
@@ -145,14 +146,30 @@ class _Choice(BaseModel):
     score: float
 
 
+def _make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> "_Sizer":
+    engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
+    try:
+        overrides = Overrides.model_validate(engine_kwargs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
+    return _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
+
+
 def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, *,
-                    budget_is_applied: bool = True) -> Plan:
+                    budget_is_applied: bool = True,
+                    pending: Sequence[tuple[ModelSpec, ModelProfile]] = ()) -> Plan:
     """Place every replica of ``spec`` and size its engine; raises PlanningError when it cannot.
 
     ``devices`` is the registry's snapshot. With ``budget_is_applied`` (the registry's view)
     ``available_bytes`` already is budget - reservations - foreign use; without it the
     planner itself keeps each device under 90 % of its total (``DEFAULT_BUDGET_FRACTION``).
     Replicas of this plan that share a device split its capacity evenly.
+
+    ``pending``: deploys still to be planned after this one (spec and profile). With any,
+    an automatic single-replica deploy is planned jointly with them (``packing.py``): it
+    takes the GPU and the share of memory that the joint plan gives it, so it does not take
+    the room a pending model needs.
     """
     engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
     try:
@@ -171,9 +188,18 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     policy = UserPolicy(policy_path) if policy_path is not None else None  # checked for pins too
     policy_notes: list[str] = []
 
+    slot = None
+    if pending and policy is None and not spec.pins:
+        slot = joint_slot(spec, sizer, pending, devices,
+                          lambda s, p: _make_sizer(s, p, budget_is_applied), budget_is_applied)
     if spec.pins:
         placements = place_pinned(spec, devices, profile, overrides.tensor_parallel_size)
         rejected = []
+    elif slot is not None:
+        placements, rejected = [Placement(devices=[slot.device], tp=1, budget=slot.budget)], []
+        policy_notes.append(
+            f"planned jointly with {slot.pending} pending deploy(s), {slot.placed_pending} of which the joint plan "
+            f"also places on GPUs: {slot.device.device.id} with up to {human_bytes(slot.budget)} (packing.py)")
     else:
         try:
             try:
@@ -388,11 +414,15 @@ class _Sizer:
         on_cpu = placement.on_cpu
         tp = placement.tp
         cap = min(capacity(dc, budget_is_applied=self.budget_is_applied) for dc in devs) // placement.share
+        if placement.budget is not None:  # the share a joint plan with pending deploys gave it
+            cap = min(cap, placement.budget)
         perf = _perf(devs, on_cpu, tp, self._eager(on_cpu), self.profile)
-        key = (on_cpu, tp, cap, tuple(dc.device.total_bytes for dc in devs), perf.bandwidth, perf.flops, perf.step_s)
+        fill = placement.budget is not None  # a joint plan's share: its sequences are what it was given for
+        key = (on_cpu, tp, cap, tuple(dc.device.total_bytes for dc in devs), perf.bandwidth, perf.flops, perf.step_s,
+               fill)
         choice = self._plan_cache.get(key)
         if choice is None:
-            choice = self._choose(devs, on_cpu, tp, cap, perf)
+            choice = self._choose(devs, on_cpu, tp, cap, perf, fill=fill)
             self._plan_cache[key] = choice
         util = self._utilization(devs, on_cpu, choice)
         settings = EngineSettings(
@@ -424,7 +454,8 @@ class _Sizer:
 
     # ---- the search -----------------------------------------------------------------
 
-    def _choose(self, devs: list[DeviceCapacity], on_cpu: bool, tp: int, cap: int, perf: _Perf) -> _Choice:
+    def _choose(self, devs: list[DeviceCapacity], on_cpu: bool, tp: int, cap: int, perf: _Perf, *,
+                fill: bool = False) -> _Choice:
         ov = self.ov
         if not on_cpu and ov.gpu_memory_utilization is not None and ov.kv_cache_memory_bytes is None:
             return self._fill_utilization(devs, tp, cap, perf)
@@ -443,7 +474,7 @@ class _Sizer:
             if score < threshold:
                 continue
             seqs = top
-            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs or self.seq_target):
+            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs or self.seq_target or fill):
                 lo, hi = 1, top  # fewest sequences that still score near the best
                 while lo < hi:
                     mid = (lo + hi) // 2

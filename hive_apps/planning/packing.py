@@ -1,0 +1,270 @@
+"""Packing with pending deploys: where one deploy goes, and how much it takes, when others wait.
+
+Throughput-first sizing is right for a model alone: it takes the memory that still buys
+tokens/s. When the registry holds deploys that are still to be planned (``pending``), the
+first model onto an empty H100 would take most of it and a later model that only an H100
+holds finds no room. The planner then plans the deploy *jointly* with the pending ones and
+keeps only the deploy's own part of that joint plan:
+
+1. Fit first. Every deploy gets its smallest GPU footprint (one sequence, or its
+   ``max_concurrency``) by best-fit decreasing: the largest footprint first, each onto the
+   eligible GPU with the least room that still holds it. This places as many deploys as
+   any one-model-per-GPU best fit would, and more where cards can be shared.
+2. Then throughput. The memory left on each GPU goes, one step of sequences at a time, to
+   the resident that gains the most roofline tokens/s per byte (``planner.Throughput``, the
+   estimate the sizing uses). A local search then moves single deploys to another GPU, or
+   swaps two, whenever that keeps everything placed and raises the sum of planned output
+   tokens/s of the deploy and the pending ones (pooling models must fit but add nothing to
+   the sum: their input tokens/s are not comparable).
+3. The deploy gets the GPU and the byte budget the joint plan gave it, and is sized
+   throughput-first inside that budget (settings within 2 % of the best score, smallest
+   footprint first, as always). When the joint plan cannot place it on a GPU, the normal
+   placement runs (which may choose a CPU).
+
+So a deploy loses throughput to pending ones only where that buys more for them, and best
+fit wins exactly when the fastest card would leave a pending model without a GPU. Pending
+deploys with pins, more than one replica, tensor parallelism, a user placement policy or a
+fixed ``gpu_memory_utilization`` are not modelled (they keep their own rules when their turn
+comes); at most ``MAX_PENDING`` are considered, in the order given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from hive_apps.planning.placement import PLACEMENT_POLICY_KEY, capacity, kind_problem, taint_problem
+from hive_apps.planning.profile import ModelProfile
+from hive_apps.planning.types import DeviceCapacity, PlanningError
+from hive_apps.registry.devices import DeviceKind
+from hive_apps.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hive_apps.planning.planner import _Sizer
+
+MAX_PENDING = 32
+MAX_ROUNDS = 50
+RANK_TOKENS = 2048
+FLOOR_SEQS = 4
+POOLING_GROWTH = 0.10  # a pooling model takes the sequences that cost at most 10 % (or 512 MiB) more than one
+POOLING_GROWTH_BYTES = 512 * 1024**2  # a generate model in a joint plan starts from this many sequences where a GPU holds them
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+@dataclass
+class _Item:
+    key: str
+    sizer: "_Sizer"
+    profile: ModelProfile
+    need: int  # smallest GPU footprint at tp=1
+    eligible: set[str]
+    tokens: int
+    fixed: int | None  # sequences fixed by a demand, an override, or a pooling model's free sequences
+    counts: bool  # adds its tokens/s to the objective (generate models)
+    frame: object = None
+    steps: list[int] = field(default_factory=list)
+    start: int = 1  # sequences it starts from (FLOOR_SEQS where a whole eligible GPU holds that many)
+
+
+@dataclass
+class Slot:
+    device: DeviceCapacity
+    budget: int  # bytes the joint plan gives the deploy on that device
+    seqs: int
+    placed_pending: int
+    pending: int
+
+
+def modellable(spec: ModelSpec) -> bool:
+    tp = spec.vllm_kwargs.get("tensor_parallel_size")
+    return (not spec.pins and spec.replicas == 1 and tp in (None, 1)
+            and PLACEMENT_POLICY_KEY not in spec.vllm_kwargs
+            and spec.vllm_kwargs.get("gpu_memory_utilization") is None)
+
+
+def joint_slot(spec: ModelSpec, sizer: "_Sizer", pending: Sequence[tuple[ModelSpec, ModelProfile]],
+               devices: list[DeviceCapacity], make_sizer, budget_is_applied: bool) -> Slot | None:
+    """The GPU and byte budget of ``spec`` in the joint plan with ``pending``; None: plan it normally."""
+    gpus = [dc for dc in devices if dc.device.kind is not DeviceKind.CPU]
+    if not gpus or not modellable(spec):
+        return None
+    caps = {dc.device.id: capacity(dc, budget_is_applied=budget_is_applied) for dc in gpus}
+    by_id = {dc.device.id: dc for dc in gpus}
+    items: list[_Item] = []
+    me = _item(spec.model_id, spec, sizer.profile, sizer, gpus, caps)
+    if me is None:
+        return None
+    items.append(me)
+    for p_spec, p_profile in list(pending)[:MAX_PENDING]:
+        if not modellable(p_spec) or p_spec.model_id == spec.model_id:
+            continue
+        try:
+            p_sizer = make_sizer(p_spec, p_profile)
+        except PlanningError:
+            continue  # its own deploy will say what is wrong
+        item = _item(p_spec.model_id, p_spec, p_profile, p_sizer, gpus, caps)
+        if item is not None:
+            items.append(item)
+    if len(items) == 1:
+        return None
+    solver = _Solver(items, by_id, caps)
+    where = solver.solve()
+    if where.get(me.key) is None:
+        return None
+    dev = where[me.key]
+    seqs, budget = solver.allocation(dev, frozenset(k for k, d in where.items() if d == dev))[1][me.key]
+    return Slot(device=by_id[dev], budget=budget, seqs=seqs,
+                placed_pending=sum(1 for k, d in where.items() if d is not None and k != me.key),
+                pending=len(items) - 1)
+
+
+def _item(key: str, spec: ModelSpec, profile: ModelProfile, sizer: "_Sizer",
+          gpus: list[DeviceCapacity], caps: dict[str, int]) -> _Item | None:
+    eligible = {dc.device.id for dc in gpus
+                if not (kind_problem(dc, spec.engine) or taint_problem(profile, dc))}
+    if not eligible:
+        return None
+    try:
+        tokens = max(RANK_TOKENS, sizer._token_candidates(False)[0])
+        frame = sizer._frame(False, 1, tokens)
+        cap = sizer._seq_cap(False, tokens)
+        pooling = profile.runner == "pooling" or sizer.output_len == 0
+        fixed = None
+        if sizer.ov.max_num_seqs or sizer.seq_target or frame.per_seq == 0 or sizer.ov.kv_cache_memory_bytes:
+            fixed = cap
+        start = fixed or 1
+        floor = min(FLOOR_SEQS, cap)
+        if not fixed and frame.total(floor, sizer.ov.kv_cache_memory_bytes) <= max(caps[d] for d in eligible):
+            start = floor
+        if pooling and not fixed:  # input tokens/s do not compare with output tokens/s: cheap sequences only
+            one = frame.total(1, None)
+            lo, hi = 1, cap
+            while lo < hi:  # the most sequences within 10 % (or 512 MiB) of one sequence's footprint
+                mid = (lo + hi + 1) // 2
+                if frame.total(mid, None) <= max(one * (1 + POOLING_GROWTH), one + POOLING_GROWTH_BYTES):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            fixed = start = lo
+        need = frame.total(start, sizer.ov.kv_cache_memory_bytes)  # as the allocation counts it
+    except PlanningError:
+        return None
+    steps = [s for s in LADDER if start < s < cap] + [cap]
+    return _Item(key=key, sizer=sizer, profile=profile, need=need, eligible=eligible, tokens=tokens, fixed=fixed,
+                 counts=not pooling, frame=frame, steps=[start] + [s for s in steps if s != start], start=start)
+
+
+class _Solver:
+    def __init__(self, items: list[_Item], devices: dict[str, DeviceCapacity], caps: dict[str, int]):
+        self.items = {it.key: it for it in items}
+        self.devices = devices
+        self.caps = caps
+        self._alloc: dict[tuple[str, frozenset], tuple[float, dict[str, tuple[int, int]]] | None] = {}
+        self._perf: dict[tuple[str, str], object] = {}
+
+    # ---- one device ---------------------------------------------------------------------------
+
+    def _score(self, it: _Item, dev: str, seqs: int) -> float:
+        from hive_apps.planning.planner import _perf
+
+        key = (it.key, dev)
+        perf = self._perf.get(key)
+        if perf is None:
+            perf = self._perf[key] = _perf([self.devices[dev]], False, 1, it.sizer._eager(False), it.profile)
+        return it.sizer._score(perf, 1, it.tokens, seqs)
+
+    def _bytes(self, it: _Item, seqs: int) -> int:
+        return it.frame.total(seqs, it.sizer.ov.kv_cache_memory_bytes)
+
+    def allocation(self, dev: str, residents: frozenset) -> tuple[float, dict[str, tuple[int, int]]] | None:
+        """(tokens/s of the residents, {key: (seqs, bytes)}) filling ``dev``; None: they do not fit."""
+        key = (dev, residents)
+        if key in self._alloc:
+            return self._alloc[key]
+        its = [self.items[k] for k in residents]
+        step = {it.key: (len(it.steps) - 1 if it.fixed else 0) for it in its}
+        seqs = {it.key: (it.fixed or it.start) for it in its}
+        used = {it.key: self._bytes(it, seqs[it.key]) for it in its}
+        room = self.caps[dev] - sum(used.values())
+        if room < 0:
+            self._alloc[key] = None
+            return None
+        score = {it.key: self._score(it, dev, seqs[it.key]) for it in its}
+        while True:  # greedy: the next step of sequences with the most tokens/s per byte
+            best = None
+            for it in its:
+                i = step[it.key]
+                if it.fixed or i + 1 >= len(it.steps):
+                    continue
+                nxt = it.steps[i + 1]
+                extra = self._bytes(it, nxt) - used[it.key]
+                if extra > room:
+                    continue
+                gain = self._score(it, dev, nxt) - score[it.key]
+                if gain <= 0:
+                    continue
+                ratio = gain / max(1, extra)
+                if best is None or ratio > best[0]:
+                    best = (ratio, it, nxt, extra)
+            if best is None:
+                break
+            _, it, nxt, extra = best
+            step[it.key] += 1
+            seqs[it.key] = nxt
+            used[it.key] += extra
+            score[it.key] = self._score(it, dev, nxt)
+            room -= extra
+        total = sum(score[it.key] for it in its if it.counts)
+        out = (total, {k: (seqs[k], used[k]) for k in seqs})
+        self._alloc[key] = out
+        return out
+
+    # ---- the assignment ---------------------------------------------------------------------------
+
+    def _value(self, where: dict[str, str | None]) -> tuple[int, float]:
+        placed = sum(1 for d in where.values() if d is not None)
+        total = 0.0
+        for dev in set(d for d in where.values() if d is not None):
+            alloc = self.allocation(dev, frozenset(k for k, d in where.items() if d == dev))
+            if alloc is None:
+                return (-1, 0.0)
+            total += alloc[0]
+        return (placed, total)
+
+    def solve(self) -> dict[str, str | None]:
+        where: dict[str, str | None] = {}
+        room = dict(self.caps)
+        for it in sorted(self.items.values(), key=lambda it: -it.need):  # best-fit decreasing
+            fits = [d for d in it.eligible if room[d] >= it.need]
+            if not fits:
+                where[it.key] = None
+                continue
+            d = min(fits, key=lambda d: (room[d], -self._score(it, d, 1), d))
+            where[it.key] = d
+            room[d] -= it.need
+        value = self._value(where)
+        for _ in range(MAX_ROUNDS):
+            best = None
+            for cand in self._neighbours(where):
+                v = self._value(cand)
+                if v > value and (best is None or v > best[0]):
+                    best = (v, cand)
+            if best is None:
+                break
+            value, where = best
+        return where
+
+    def _neighbours(self, where: dict[str, str | None]):
+        keys = sorted(where)
+        for k in keys:  # move one
+            for d in sorted(self.items[k].eligible):
+                if d != where[k]:
+                    yield {**where, k: d}
+        for a in range(len(keys)):  # swap two
+            for b in range(a + 1, len(keys)):
+                ka, kb = keys[a], keys[b]
+                da, db = where[ka], where[kb]
+                if da is None or db is None or da == db:
+                    continue
+                if db in self.items[ka].eligible and da in self.items[kb].eligible:
+                    yield {**where, ka: db, kb: da}
