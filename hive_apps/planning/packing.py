@@ -1,35 +1,44 @@
 """Packing with pending deploys: where one deploy goes, and how much it takes, when others wait.
 
 Throughput-first sizing is right for a model alone: it takes the memory that still buys
-tokens/s. When the registry holds deploys that are still to be planned (``pending``), the
-first model onto an empty H100 would take most of it and a later model that only an H100
-holds finds no room. The planner then plans the deploy *jointly* with the pending ones and
-keeps only the deploy's own part of that joint plan:
+tokens/s. When deploys are still to be planned (``pending``), the first model onto an
+empty H100 would take most of it, and a later model that only an H100 holds finds no room
+(``benchmarks/bench_packing.py``: qwen3-30b-a3b in catalog order). The planner then plans
+the deploy *jointly* with the pending ones and keeps only the deploy's own part:
 
-1. Fit first. Every deploy gets its smallest GPU footprint (one sequence, or its
-   ``max_concurrency``) by best-fit decreasing: the largest footprint first, each onto the
-   eligible GPU with the least room that still holds it. This places as many deploys as
-   any one-model-per-GPU best fit would, and more where cards can be shared.
-2. Then throughput. The memory left on each GPU goes, one step of sequences at a time, to
-   the resident that gains the most roofline tokens/s per byte (``planner.Throughput``, the
-   estimate the sizing uses). A local search then moves single deploys to another GPU, or
-   swaps two, whenever that keeps everything placed and raises the sum of planned output
-   tokens/s of the deploy and the pending ones (pooling models must fit but add nothing to
-   the sum: their input tokens/s are not comparable).
-3. The deploy gets the GPU and the byte budget the joint plan gave it, and is sized
-   throughput-first inside that budget (settings within 2 % of the best score, smallest
-   footprint first, as always). When the joint plan cannot place it on a GPU, the normal
-   placement runs (which may choose a CPU).
+1. Fit first. Every deploy gets its smallest GPU footprint (``FLOOR_SEQS`` sequences where a
+   whole eligible GPU holds that many, else one; its ``max_concurrency`` or a fixed
+   ``max_num_seqs`` when given) by best-fit decreasing: the largest footprint first, each
+   onto the eligible GPU with the least room that still holds it.
+2. Then throughput. The memory left on each GPU goes, one step of sequences (about 12 %) at
+   a time, to the resident whose utility gains most per byte; a local search then moves one
+   deploy to another GPU, or swaps two, while that places more deploys or raises the total
+   utility. Utility is the square root of the deploy's planned output tokens/s (the roofline
+   of ``planner.Throughput``): diminishing returns, so one model with a cheap KV cache does
+   not take every free byte, and a big model is not starved for a small one's sake (the
+   plain sum would give a 1B model 1000 sequences and leave the rest at the floor;
+   proportional fairness, the sum of logs, gave everyone fewer sequences than a
+   one-model-per-GPU baseline). Pooling models must fit but add nothing: they get the
+   sequences that cost at most 10 % (or 512 MiB) more than one.
+3. The deploy gets the GPU and the byte budget the joint plan gave it and is sized inside
+   that budget (its sequences are not trimmed to the 2 % knee: the budget is what the joint
+   plan gave it for). When the joint plan cannot place it on a GPU, or would leave fewer
+   pending deploys a GPU than its normal plan does, the normal plan stands.
 
-So a deploy loses throughput to pending ones only where that buys more for them, and best
-fit wins exactly when the fastest card would leave a pending model without a GPU. Pending
+Each pending deploy is planned again when its turn comes, with the deploys still pending
+after it; the last one is planned by the normal rules (unshared GPUs first), so it may not
+take the room an earlier joint plan kept for it, and that room simply stays free. The
+estimate counts each co-located engine at its own roofline, as if it had the GPU to
+itself: right for the peak of a model that is busy while its neighbours are idle (the
+many-models-few-GPUs case the hive is for), optimistic when all are busy at once. Pending
 deploys with pins, more than one replica, tensor parallelism, a user placement policy or a
-fixed ``gpu_memory_utilization`` are not modelled (they keep their own rules when their turn
-comes); at most ``MAX_PENDING`` are considered, in the order given.
+fixed ``gpu_memory_utilization`` are not modelled; at most ``MAX_PENDING`` are considered,
+in the order given.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -42,13 +51,21 @@ from hive_apps.spec import ModelSpec
 if TYPE_CHECKING:  # pragma: no cover
     from hive_apps.planning.planner import _Sizer
 
+
+
+def utility(tps: float) -> float:
+    """What a deploy's planned tokens/s is worth: diminishing returns, so no one model takes a card
+    whose memory buys more for the others (square root: between the plain sum and proportional fairness)."""
+    return math.sqrt(tps)
+
+
 MAX_PENDING = 32
 MAX_ROUNDS = 50
 RANK_TOKENS = 2048
 FLOOR_SEQS = 4
 POOLING_GROWTH = 0.10  # a pooling model takes the sequences that cost at most 10 % (or 512 MiB) more than one
 POOLING_GROWTH_BYTES = 512 * 1024**2  # a generate model in a joint plan starts from this many sequences where a GPU holds them
-LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+LADDER = tuple(sorted({max(1, round(1.125 ** k)) for k in range(0, 60)}))  # ~12 % steps up to ~1200
 
 
 @dataclass
@@ -83,8 +100,14 @@ def modellable(spec: ModelSpec) -> bool:
 
 
 def joint_slot(spec: ModelSpec, sizer: "_Sizer", pending: Sequence[tuple[ModelSpec, ModelProfile]],
-               devices: list[DeviceCapacity], make_sizer, budget_is_applied: bool) -> Slot | None:
-    """The GPU and byte budget of ``spec`` in the joint plan with ``pending``; None: plan it normally."""
+               devices: list[DeviceCapacity], make_sizer, budget_is_applied: bool,
+               normal_use: dict[str, int]) -> Slot | None:
+    """The GPU and byte budget of ``spec`` in the joint plan with ``pending``; None: keep the normal plan.
+
+    ``normal_use``: bytes per device the normal (throughput-first) plan of ``spec`` reserves.
+    The joint plan is used only when it places more pending deploys on GPUs than remain
+    placeable after the normal plan.
+    """
     gpus = [dc for dc in devices if dc.device.kind is not DeviceKind.CPU]
     if not gpus or not modellable(spec):
         return None
@@ -107,10 +130,13 @@ def joint_slot(spec: ModelSpec, sizer: "_Sizer", pending: Sequence[tuple[ModelSp
             items.append(item)
     if len(items) == 1:
         return None
+    after = {d: c - normal_use.get(d, 0) for d, c in caps.items()}
+    kept = _Solver(items[1:], by_id, after).solve()
+    kept_placed = sum(1 for d in kept.values() if d is not None)
     solver = _Solver(items, by_id, caps)
     where = solver.solve()
-    if where.get(me.key) is None:
-        return None
+    if where.get(me.key) is None or sum(1 for k, d in where.items() if d and k != me.key) < kept_placed:
+        return None  # the joint plan cannot place this deploy on a GPU, or would place fewer pending
     dev = where[me.key]
     seqs, budget = solver.allocation(dev, frozenset(k for k, d in where.items() if d == dev))[1][me.key]
     return Slot(device=by_id[dev], budget=budget, seqs=seqs,
@@ -200,7 +226,7 @@ class _Solver:
                 extra = self._bytes(it, nxt) - used[it.key]
                 if extra > room:
                     continue
-                gain = self._score(it, dev, nxt) - score[it.key]
+                gain = utility(self._score(it, dev, nxt)) - utility(score[it.key])
                 if gain <= 0:
                     continue
                 ratio = gain / max(1, extra)
@@ -214,7 +240,7 @@ class _Solver:
             used[it.key] += extra
             score[it.key] = self._score(it, dev, nxt)
             room -= extra
-        total = sum(score[it.key] for it in its if it.counts)
+        total = sum(utility(score[it.key]) for it in its if it.counts)
         out = (total, {k: (seqs[k], used[k]) for k in seqs})
         self._alloc[key] = out
         return out

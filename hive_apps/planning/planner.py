@@ -188,18 +188,9 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     policy = UserPolicy(policy_path) if policy_path is not None else None  # checked for pins too
     policy_notes: list[str] = []
 
-    slot = None
-    if pending and policy is None and not spec.pins:
-        slot = joint_slot(spec, sizer, pending, devices,
-                          lambda s, p: _make_sizer(s, p, budget_is_applied), budget_is_applied)
     if spec.pins:
         placements = place_pinned(spec, devices, profile, overrides.tensor_parallel_size)
         rejected = []
-    elif slot is not None:
-        placements, rejected = [Placement(devices=[slot.device], tp=1, budget=slot.budget)], []
-        policy_notes.append(
-            f"planned jointly with {slot.pending} pending deploy(s), {slot.placed_pending} of which the joint plan "
-            f"also places on GPUs: {slot.device.device.id} with up to {human_bytes(slot.budget)} (packing.py)")
     else:
         try:
             try:
@@ -223,6 +214,20 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         if policy is not None:
             policy_notes.append(f"devices ranked by {PLACEMENT_POLICY_KEY} {policy.path!r} within the hive's "
                                 f"fit and unshared-first rules (allocation={spec.allocation.value!r} not used)")
+    if pending and policy is None and not spec.pins:
+        use: dict[str, int] = {}
+        for i, p in enumerate(placements):
+            r = sizer.plan_replica(i, p)
+            for dev in r.devices:
+                use[dev] = use.get(dev, 0) + r.reservation_bytes
+        slot = joint_slot(spec, sizer, pending, devices, lambda s, p: _make_sizer(s, p, budget_is_applied),
+                          budget_is_applied, use)
+        if slot is not None:
+            placements, rejected = [Placement(devices=[slot.device], tp=1, budget=slot.budget)], []
+            policy_notes.append(
+                f"planned jointly with {slot.pending} pending deploy(s): the throughput-first plan would leave "
+                f"some of them no GPU; this one takes {slot.device.device.id} with up to "
+                f"{human_bytes(slot.budget)} and the joint plan places {slot.placed_pending} of them (packing.py)")
     if sizer.demand is not None and spec.replicas == -1:
         sizer.set_target(-(-sizer.demand // len(placements)))
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
