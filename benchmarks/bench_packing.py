@@ -337,8 +337,10 @@ def findings(outcomes: list[Outcome], n: int) -> list[str]:
         + ".",
         "* As one batch (each deploy planned with the rest of the catalog pending, `hive_apps/planning/packing.py`), "
         f"every deploy is planned jointly with those still to come: {sum(not e.on_cpu for e in batch.engines)} of {n} "
-        "land on GPUs, the big models at modest batches on the cards only they need, the small ones sharing the "
-        "H100s. The estimate counts each co-located engine at its own roofline (its peak while its neighbours are "
+        "land on GPUs. The price is paid by the big dense models: the joint plan gives an H100 to the 30B MoE (the "
+        "only card that holds it) and to the small models that turn its bandwidth into the most tokens/s, and puts "
+        "the 8B models on the L4s and the A10 at a few sequences (a deploy that needs more states max_concurrency, "
+        "which the joint plan keeps). The estimate counts each co-located engine at its own roofline (its peak while its neighbours are "
         "idle), as the fixed-slot baseline's rows do.",
         "* The best-fit user policy (`hive_placement_policy`, class `BestFit` in this script) keeps the H100s for "
         f"what only they hold, but without the pending deploys it cannot undo throughput-first sizing: "

@@ -18,18 +18,28 @@ class PlanOutcome(BaseModel):
     rejected: list[Rejection] = []
 
 
-def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
+def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
+                  pending: list[ModelSpec] | None = None) -> PlanOutcome:
+    """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
+    cannot be loaded is left out (its own deploy reports why)."""
     try:
         profile = load_profile(spec.model, spec.vllm_kwargs)
-        return PlanOutcome(plan=plan_deployment(spec, devices, profile))
+        others = []
+        for p in pending or []:
+            try:
+                others.append((p, load_profile(p.model, p.vllm_kwargs)))
+            except PlanningError:
+                continue
+        return PlanOutcome(plan=plan_deployment(spec, devices, profile, pending=others))
     except PlanningError as e:
         return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected)
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=100, ray_actor_options={"num_cpus": 0})
 class Planner:
-    def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
-        return plan_or_error(spec, devices)
+    def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
+             pending: list[ModelSpec] | None = None) -> PlanOutcome:
+        return plan_or_error(spec, devices, pending)
 
 
 def build(_: dict | None = None):
