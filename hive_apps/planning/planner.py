@@ -22,6 +22,24 @@ does not take a whole GPU for a 1 % gain and co-located models keep room. Limits
 request shape (the declared maximum lengths), no prefix-cache hits, no queueing, no
 speculative decoding, datasheet figures; T is searched over powers of two only.
 
+Demand. The sizing rule, in order:
+
+* ``max_concurrency`` given (the deploy's demand over all replicas, split evenly and rounded
+  up): exactly that many sequences per replica and KV for them (the 2 % trimming does not
+  apply); placement prefers a device that holds them, and where none does, the replica gets
+  the most that fit and a note saying so. ``vllm_kwargs.max_num_seqs`` is the per-replica
+  override and cannot be combined with it.
+* nothing pending: throughput-first for the model alone, as above.
+* deploys pending (``pending=``): the deploy is planned jointly with them (``packing.py``):
+  fit first (best-fit decreasing on their smallest footprints), then the spare memory where
+  it buys the most (square root of each deploy's planned tokens/s), and the deploy takes its
+  own GPU and share of that plan, unless the joint plan would place fewer pending deploys on
+  GPUs than the normal plan leaves room for. So the best device is given up exactly when
+  keeping it would leave a pending model without room, or cost the others more than it gains.
+
+The plan reports ``expected_tokens_per_s`` (per replica and summed) and
+``planned_concurrency`` (the sum of ``max_num_seqs``).
+
 The same estimate ranks devices for the ``performance`` allocation policy
 (``_Sizer.device_speed``: tokens/s at 64 sequences and 2048 batched tokens on one such
 device), so a card with more bandwidth wins decode-heavy work even with fewer TFLOPS.
