@@ -33,12 +33,14 @@ itself: right for the peak of a model that is busy while its neighbours are idle
 many-models-few-GPUs case the hive is for), optimistic when all are busy at once. Pending
 deploys with pins, more than one replica, tensor parallelism, a user placement policy or a
 fixed ``gpu_memory_utilization`` are not modelled; at most ``MAX_PENDING`` are considered,
-in the order given.
+in the order given, and each local search stops after ``SEARCH_BUDGET_S`` (a plan with 32
+pending over 64 GPUs takes about 1 s; 11 over 5 GPUs about 40 ms).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -61,6 +63,7 @@ def utility(tps: float) -> float:
 
 MAX_PENDING = 32
 MAX_ROUNDS = 50
+SEARCH_BUDGET_S = 0.5  # the local search stops improving after this long
 RANK_TOKENS = 2048
 FLOOR_SEQS = 4
 POOLING_GROWTH = 0.10  # a pooling model takes the sequences that cost at most 10 % (or 512 MiB) more than one
@@ -247,17 +250,8 @@ class _Solver:
 
     # ---- the assignment ---------------------------------------------------------------------------
 
-    def _value(self, where: dict[str, str | None]) -> tuple[int, float]:
-        placed = sum(1 for d in where.values() if d is not None)
-        total = 0.0
-        for dev in set(d for d in where.values() if d is not None):
-            alloc = self.allocation(dev, frozenset(k for k, d in where.items() if d == dev))
-            if alloc is None:
-                return (-1, 0.0)
-            total += alloc[0]
-        return (placed, total)
-
     def solve(self) -> dict[str, str | None]:
+        """Best-fit decreasing, then first-improving moves and swaps (changed devices re-evaluated only)."""
         where: dict[str, str | None] = {}
         room = dict(self.caps)
         for it in sorted(self.items.values(), key=lambda it: -it.need):  # best-fit decreasing
@@ -268,29 +262,66 @@ class _Solver:
             d = min(fits, key=lambda d: (room[d], -self._score(it, d, 1), d))
             where[it.key] = d
             room[d] -= it.need
-        value = self._value(where)
+        residents: dict[str, frozenset] = {d: frozenset(k for k, w in where.items() if w == d) for d in self.caps}
+        value = {d: (self.allocation(d, r) or (0.0,))[0] for d, r in residents.items()}
+        deadline = time.perf_counter() + SEARCH_BUDGET_S
         for _ in range(MAX_ROUNDS):
-            best = None
-            for cand in self._neighbours(where):
-                v = self._value(cand)
-                if v > value and (best is None or v > best[0]):
-                    best = (v, cand)
-            if best is None:
+            improved = False
+            for changes in self._neighbours(where):
+                gain = self._gain(changes, where, residents, value)
+                if gain is None:
+                    continue
+                for k, _, to in changes:
+                    where[k] = to
+                for d, (res, val) in gain.items():
+                    residents[d], value[d] = res, val
+                improved = True
+                if time.perf_counter() > deadline:
+                    return where
+            if not improved:
                 break
-            value, where = best
         return where
 
+    def _gain(self, changes, where, residents, value) -> dict[str, tuple[frozenset, float]] | None:
+        """The new state of the changed devices when ``changes`` improve (more placed, or more utility)."""
+        res = {}
+        placed = 0
+        for k, frm, to in changes:
+            if frm is None:
+                placed += 1
+            for d in (frm, to):
+                if d is not None and d not in res:
+                    res[d] = set(residents[d])
+            if frm is not None:
+                res[frm].discard(k)
+            res[to].add(k)
+        out = {}
+        delta = 0.0
+        for d, keys in res.items():
+            keys = frozenset(keys)
+            if sum(self.items[k].need for k in keys) > self.caps[d]:
+                return None
+            alloc = self.allocation(d, keys)
+            if alloc is None:
+                return None
+            out[d] = (keys, alloc[0])
+            delta += alloc[0] - value[d]
+        if placed > 0 or delta > 1e-9 * (1 + abs(sum(value.values()))):
+            return out
+        return None
+
     def _neighbours(self, where: dict[str, str | None]):
+        """Changes as (key, from, to) tuples: one deploy moved, or two swapped."""
         keys = sorted(where)
-        for k in keys:  # move one
+        for k in keys:
             for d in sorted(self.items[k].eligible):
                 if d != where[k]:
-                    yield {**where, k: d}
-        for a in range(len(keys)):  # swap two
+                    yield ((k, where[k], d),)
+        for a in range(len(keys)):
             for b in range(a + 1, len(keys)):
                 ka, kb = keys[a], keys[b]
                 da, db = where[ka], where[kb]
                 if da is None or db is None or da == db:
                     continue
                 if db in self.items[ka].eligible and da in self.items[kb].eligible:
-                    yield {**where, ka: db, kb: da}
+                    yield ((ka, da, db), (kb, db, da))

@@ -243,9 +243,9 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         if slot is not None:
             placements, rejected = [Placement(devices=[slot.device], tp=1, budget=slot.budget)], []
             policy_notes.append(
-                f"planned jointly with {slot.pending} pending deploy(s): the throughput-first plan would leave "
-                f"some of them no GPU; this one takes {slot.device.device.id} with up to "
-                f"{human_bytes(slot.budget)} and the joint plan places {slot.placed_pending} of them (packing.py)")
+                f"planned jointly with {slot.pending} pending deploy(s) (packing.py): this one takes "
+                f"{slot.device.device.id} with up to {human_bytes(slot.budget)}; the joint plan places "
+                f"{slot.placed_pending} of them on GPUs")
     if sizer.demand is not None and spec.replicas == -1:
         sizer.set_target(-(-sizer.demand // len(placements)))
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
