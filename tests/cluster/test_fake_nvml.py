@@ -15,6 +15,7 @@ module-scoped cluster is shut down when the module ends.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -51,20 +52,22 @@ def test_nvml_node_is_identified_and_pinned(gpu_hive):
     assert [f[k]["catalog_key"] for k in sorted(f)] == ["H100-80GB", "H100-80GB", "L4"]
     assert f["gpu-f:gpu0"]["memory_bandwidth_gbps"] == 3350 and f["gpu-f:gpu2"]["sm_count"] == 58
 
-    # performance: two replicas go to the two H100s, not the L4; each engine is pinned to its own card
-    r = gpu_hive.deploy(model_id="fast", model=SIM_MODEL, engine="sim", replicas=2,
-                        max_input_prompt_length=512, max_output_prompt_length=128)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    devices = {k: v["devices"] for k, v in body["replicas"].items()}
+    # Both deploys start at once (a fresh node starts a worker process per replica; in parallel it is faster).
+    # performance: two replicas go to the two H100s, not the L4; a pin to the L4 gets CUDA_VISIBLE_DEVICES=2
+    lengths = dict(max_input_prompt_length=512, max_output_prompt_length=128)
+    r = gpu_hive.deploy(wait=False, model_id="fast", model=SIM_MODEL, engine="sim", replicas=2, **lengths)
+    assert r.status_code in (200, 202), r.text
+    devices = {k: v["devices"] for k, v in r.json()["replicas"].items()}
     assert sorted(d for ds in devices.values() for d in ds) == ["gpu-f:gpu0", "gpu-f:gpu1"]
+    r = gpu_hive.deploy(wait=False, model_id="pinned", model=SIM_MODEL, engine="sim", gpu="gpu-f:gpu2", **lengths)
+    assert r.status_code in (200, 202), r.text
+    for model_id in ("fast", "pinned"):
+        deadline = time.time() + 300
+        while (status := gpu_hive.admin.get(f"/models/{model_id}").json()["status"]) == "deploying":
+            assert time.time() < deadline, f"{model_id} still deploying"
+            time.sleep(0.5)
+        assert status == "ready", gpu_hive.admin.get(f"/models/{model_id}").text
     for name, ds in devices.items():
-        index = int(name.lstrip("r"))
-        assert engine_env("fast", index) == ds[0].rsplit("gpu", 1)[1]
-
-    # a pin to the L4 runs with CUDA_VISIBLE_DEVICES=2
-    r = gpu_hive.deploy(model_id="pinned", model=SIM_MODEL, engine="sim", gpu="gpu-f:gpu2",
-                        max_input_prompt_length=512, max_output_prompt_length=128)
-    assert r.status_code == 200, r.text
+        assert engine_env("fast", int(name.lstrip("r"))) == ds[0].rsplit("gpu", 1)[1]
     assert engine_env("pinned", 0) == "2"
     gpu_hive.admin.delete("/models")

@@ -88,3 +88,8 @@ def test_max_concurrency_and_max_num_seqs_conflict():
         ModelSpec(model_id="m", model="/x", max_concurrency=8, vllm_kwargs={"max_num_seqs": 4})
     with pytest.raises(ValidationError):
         ModelSpec(model_id="m", model="/x", max_concurrency=0)
+
+
+def test_a_pinned_deploy_is_sized_for_its_demand_too():
+    p = plan(QWEN8, [gpu("H100-80GB", index=0), gpu("H100-80GB", index=1)], gpu="n1:gpu1", max_concurrency=12)
+    assert p.replicas[0].devices == ["n1:gpu1"] and p.replicas[0].settings.max_num_seqs == 12
