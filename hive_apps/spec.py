@@ -64,6 +64,13 @@ class ModelSpec(BaseModel):
         None, ge=0,
         description="Requests that may wait once every replica is full; more get 429. Default: the largest replica's max_num_seqs.",
     )
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="Requests the model must serve at once, over all replicas (split evenly, rounded up). The "
+                    "planner sizes max_num_seqs and the KV cache for that instead of the most a card allows, "
+                    "prefers devices that hold it, and reports the tokens/s it plans for. Cannot be combined "
+                    "with vllm_kwargs.max_num_seqs.",
+    )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("model")
@@ -149,6 +156,16 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"gpu pins one device but replicas={self.replicas}: pin a list of devices, "
                 "or set replicas=1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_way_to_size_sequences(self) -> "ModelSpec":
+        if self.max_concurrency is not None and "max_num_seqs" in self.vllm_kwargs:
+            raise ValueError(
+                f"max_concurrency={self.max_concurrency} and vllm_kwargs.max_num_seqs="
+                f"{self.vllm_kwargs['max_num_seqs']} both size the sequences; keep one (max_concurrency is "
+                "split over the replicas, max_num_seqs is per replica and taken as is)"
             )
         return self
 

@@ -148,8 +148,13 @@ class Admin:
 
     # --- deploy ------------------------------------------------------------------------
     async def _plan(self, spec: ModelSpec):
+        """Plan leaving room for the replicas self-healing still waits to place (``planning/packing.py``)."""
         devices = await self.registry.capacities.remote()
-        outcome = await self.planner.plan.remote(spec, devices)
+        waiting = [rec.spec.model_copy(update={"replicas": len(rec.lost_replicas)})
+                   for rec in await self.registry.list_models.remote()
+                   if rec.status is ModelStatus.DEGRADED and rec.lost_replicas and rec.spec.gpu is None
+                   and rec.model_id != spec.model_id]
+        outcome = await self.planner.plan.remote(spec, devices, waiting or None)
         if outcome.plan is None:
             raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
         return outcome.plan

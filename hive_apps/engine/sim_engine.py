@@ -18,6 +18,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
 import struct
 import time
 import uuid
@@ -102,7 +103,8 @@ class SimEngine(EngineBase):
         self.start_ended = time.time()
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended}
+        return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # the pin it was started with
 
     def load(self) -> EngineLoad:
         return EngineLoad(

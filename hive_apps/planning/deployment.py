@@ -31,10 +31,19 @@ class PlanOutcome(BaseModel):
     rejected: list[Rejection] = []
 
 
-def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
+def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
+                  pending: list[ModelSpec] | None = None) -> PlanOutcome:
+    """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
+    cannot be loaded is left out (its own deploy reports why)."""
     try:
         profile = load_profile(spec.model, spec.vllm_kwargs)
-        return PlanOutcome(plan=plan_deployment(spec, devices, profile))
+        others = []
+        for p in pending or []:
+            try:
+                others.append((p, load_profile(p.model, p.vllm_kwargs)))
+            except PlanningError:
+                continue
+        return PlanOutcome(plan=plan_deployment(spec, devices, profile, pending=others))
     except PlanningError as e:
         return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected)
     except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError, OSError) as e:
@@ -67,14 +76,15 @@ class PlanWorker:
                 proc.kill()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
+    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
+                   pending: list[ModelSpec] | None = None) -> PlanOutcome:
         loop = asyncio.get_running_loop()
         try:
             async with self._one_at_a_time:
                 if self._pool is None:  # a new worker imports the planner (transformers) first, untimed
                     await loop.run_in_executor(self._executor(), _warm)
-                return await asyncio.wait_for(loop.run_in_executor(self._executor(), plan_or_error, spec, devices),
-                                              self.timeout_s)
+                return await asyncio.wait_for(
+                    loop.run_in_executor(self._executor(), plan_or_error, spec, devices, pending), self.timeout_s)
         except asyncio.TimeoutError:
             self._replace()
             return PlanOutcome(status_code=422, error=(
@@ -92,8 +102,9 @@ class Planner:
     def __init__(self):
         self.worker = PlanWorker(get_settings().plan_timeout_s)
 
-    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity]) -> PlanOutcome:
-        return await self.worker.plan(spec, devices)
+    async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
+                   pending: list[ModelSpec] | None = None) -> PlanOutcome:
+        return await self.worker.plan(spec, devices, pending)
 
 
 def build(_: dict | None = None):

@@ -86,6 +86,7 @@ class Placement(BaseModel):
     devices: list[DeviceCapacity]
     tp: int
     share: int = 1  # replicas of this plan on the same device(s), who split its capacity
+    budget: int | None = None  # at most this many bytes per device (a joint plan with pending deploys)
     notes: list[str] = []
 
     @property
@@ -118,6 +119,8 @@ def capacity(dc: DeviceCapacity, *, budget_is_applied: bool = True) -> int:
 
 
 def kind_problem(dc: DeviceCapacity, engine: EngineKind) -> str | None:
+    if dc.device.error:
+        return f"unreadable: {dc.device.error}"
     if dc.device.kind not in allowed_kinds(engine):
         return (f"{dc.device.kind.value} device: a simulated GPU cannot run the real vLLM "
                 "engine (use engine 'sim', or a real GPU / CPU node)")

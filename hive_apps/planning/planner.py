@@ -11,13 +11,34 @@ of output tokens per second for the declared lengths (P input, G output tokens):
     prefill step t_p(T) = step overhead + max(weights / bandwidth, T x flops per token / compute)
     tokens/s   = S x G / (G x t_d(S) + ceil(S x P / T) x t_p(T))       (pooling: S x P / prefill time)
 
-Bandwidth and compute are the device's datasheet figures at 80 % and 50 % efficiency; a
+Bandwidth and compute are the device's datasheet figures (``registry/catalog.py``: real
+GPUs are identified by their NVML name; a card the catalog lacks gets NVML-derived estimates,
+listed in its ``estimates``) at 80 % and 50 % efficiency; compute is the dense FP16/BF16
+figure, or the FP8 one for fp8-weight checkpoints on cards with FP8 tensor cores; a
 step costs 1.5 ms with CUDA graphs, 4 ms eager, 10 ms on CPU. The estimate only ranks
 settings (and is reported as ``expected_tokens_per_s``); it is not a promise. Among the
 settings within 2 % of the best score the one with the smallest footprint wins, so a replica
 does not take a whole GPU for a 1 % gain and co-located models keep room. Limits: one
 request shape (the declared maximum lengths), no prefix-cache hits, no queueing, no
 speculative decoding, datasheet figures; T is searched over powers of two only.
+
+Demand. The sizing rule, in order:
+
+* ``max_concurrency`` given (the deploy's demand over all replicas, split evenly and rounded
+  up): exactly that many sequences per replica and KV for them (the 2 % trimming does not
+  apply); placement prefers a device that holds them, and where none does, the replica gets
+  the most that fit and a note saying so. ``vllm_kwargs.max_num_seqs`` is the per-replica
+  override and cannot be combined with it.
+* nothing pending: throughput-first for the model alone, as above.
+* deploys pending (``pending=``): the deploy is planned jointly with them (``packing.py``):
+  fit first (best-fit decreasing on their smallest footprints), then the spare memory where
+  it buys the most (square root of each deploy's planned tokens/s), and the deploy takes its
+  own GPU and share of that plan, unless the joint plan would place fewer pending deploys on
+  GPUs than the normal plan leaves room for. So the best device is given up exactly when
+  keeping it would leave a pending model without room, or cost the others more than it gains.
+
+The plan reports ``expected_tokens_per_s`` (per replica and summed) and
+``planned_concurrency`` (the sum of ``max_num_seqs``).
 
 The same estimate ranks devices for the ``performance`` allocation policy
 (``_Sizer.device_speed``: tokens/s at 64 sequences and 2048 batched tokens on one such
@@ -54,12 +75,13 @@ stripped from the engine kwargs (``hive_attention_cls``: profile hook, ``profile
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hive_apps.planning import memory as mem
 from hive_apps.planning.memory import human_bytes
+from hive_apps.planning.packing import joint_slot
 from hive_apps.planning.placement import (
     PLACEMENT_POLICY_KEY, Placement, UserPolicy, capacity, dtype_note, fp8_fallback_note, place_auto,
     place_pinned,
@@ -142,14 +164,30 @@ class _Choice(BaseModel):
     score: float
 
 
+def _make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> "_Sizer":
+    engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
+    try:
+        overrides = Overrides.model_validate(engine_kwargs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
+    return _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
+
+
 def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, *,
-                    budget_is_applied: bool = True) -> Plan:
+                    budget_is_applied: bool = True,
+                    pending: Sequence[tuple[ModelSpec, ModelProfile]] = ()) -> Plan:
     """Place every replica of ``spec`` and size its engine; raises PlanningError when it cannot.
 
     ``devices`` is the registry's snapshot. With ``budget_is_applied`` (the registry's view)
     ``available_bytes`` already is budget - reservations - foreign use; without it the
     planner itself keeps each device under 90 % of its total (``DEFAULT_BUDGET_FRACTION``).
     Replicas of this plan that share a device split its capacity evenly.
+
+    ``pending``: deploys still to be planned after this one (spec and profile). With any,
+    an automatic single-replica deploy is planned jointly with them (``packing.py``): it
+    takes the GPU and the share of memory that the joint plan gives it, so it does not take
+    the room a pending model needs.
     """
     engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
     try:
@@ -173,9 +211,17 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         rejected = []
     else:
         try:
-            placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
-                                              overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
-                                              speed=sizer.device_speed, policy=policy)
+            try:
+                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
+                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
+                                                  speed=sizer.device_speed, policy=policy)
+            except PlanningError:
+                if sizer.seq_target is None:
+                    raise
+                sizer.relax_demand()  # no device holds the whole demand: the most that fit
+                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
+                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
+                                                  speed=sizer.device_speed, policy=policy)
         except PlanningError as exc:
             fixed = overrides.model_dump(exclude_none=True)
             if fixed and exc.status_code == 422:
@@ -186,10 +232,32 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         if policy is not None:
             policy_notes.append(f"devices ranked by {PLACEMENT_POLICY_KEY} {policy.path!r} within the hive's "
                                 f"fit and unshared-first rules (allocation={spec.allocation.value!r} not used)")
+    if pending and policy is None and not spec.pins:
+        use: dict[str, int] = {}
+        for i, p in enumerate(placements):
+            r = sizer.plan_replica(i, p)
+            for dev in r.devices:
+                use[dev] = use.get(dev, 0) + r.reservation_bytes
+        slot = joint_slot(spec, sizer, pending, devices, lambda s, p: _make_sizer(s, p, budget_is_applied),
+                          budget_is_applied, use)
+        if slot is not None:
+            placements, rejected = [Placement(devices=[slot.device], tp=1, budget=slot.budget)], []
+            policy_notes.append(
+                f"planned jointly with {slot.pending} pending deploy(s) (packing.py): this one takes "
+                f"{slot.device.device.id} with up to {human_bytes(slot.budget)}; the joint plan places "
+                f"{slot.placed_pending} of them on GPUs")
+    if sizer.demand is not None and spec.replicas == -1:
+        sizer.set_target(-(-sizer.demand // len(placements)))
     replicas = [sizer.plan_replica(i, p) for i, p in enumerate(placements)]
+    if sizer.demand is not None:
+        sizer.notes.append(f"sized for max_concurrency={sizer.demand}: max_num_seqs "
+                           f"{', '.join(str(r.settings.max_num_seqs) for r in replicas)} over {len(replicas)} "
+                           "replica(s), KV for that many full-length requests")
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
-                notes=list(profile.notes) + sizer.notes + policy_notes)
+                notes=list(profile.notes) + sizer.notes + policy_notes,
+                expected_tokens_per_s=round(sum(r.expected_tokens_per_s or 0.0 for r in replicas), 1),
+                planned_concurrency=sum(r.settings.max_num_seqs for r in replicas))
 
 
 class _Sizer:
@@ -234,11 +302,25 @@ class _Sizer:
                 f"multimodal item ({it.tokens} tokens per {it.modality}: {it.how}), by "
                 f"{it.tokens - overrides.max_num_batched_tokens} tokens; a step must hold one whole item. Raise "
                 f"it or turn {it.knob}", 422)
+        self.demand = spec.max_concurrency  # the deploy's max_concurrency over all replicas
+        self.seq_target: int | None = None  # per replica: set once the replica count is known
+        if self.demand is not None and spec.replicas >= 1:
+            self.seq_target = -(-self.demand // spec.replicas)
+        self.relaxed = False  # placement may pick a device that holds fewer than seq_target
         self._need_cache: dict[tuple[bool, int], int] = {}
         self._plan_cache: dict[tuple, _Choice] = {}
         self._frames: dict[tuple[bool, int, int], mem.Frame] = {}
         self._throughput: dict[tuple, Throughput] = {}
         self._speed: dict[tuple, float] = {}
+
+    def set_target(self, seqs: int) -> None:
+        self.seq_target = seqs
+        self._need_cache.clear()
+        self._plan_cache.clear()
+
+    def relax_demand(self) -> None:
+        self.relaxed = True
+        self._need_cache.clear()
 
     # ---- lengths --------------------------------------------------------------------
 
@@ -293,7 +375,7 @@ class _Sizer:
     def _token_candidates(self, on_cpu: bool) -> list[int]:
         if self.ov.max_num_batched_tokens:
             return [self.ov.max_num_batched_tokens]
-        floor = self.ov.max_num_seqs or 1  # vLLM: max_num_seqs <= max_num_batched_tokens
+        floor = self.ov.max_num_seqs or self.seq_target or 1  # vLLM: max_num_seqs <= max_num_batched_tokens
         if not self.chunked:
             floor = max(floor, self.max_model_len)
         if self.mm_item is not None:  # one step holds the largest multimodal item whole
@@ -304,6 +386,8 @@ class _Sizer:
     def _seq_cap(self, on_cpu: bool, tokens: int) -> int:
         if self.ov.max_num_seqs:
             return self.ov.max_num_seqs
+        if self.seq_target is not None:  # the demand, as far as one step's tokens allow
+            return max(1, min(self.seq_target, tokens))
         return max(1, min(CPU_MAX_SEQS if on_cpu else GPU_MAX_SEQS, tokens))
 
     def _frame(self, on_cpu: bool, tp: int, tokens: int) -> mem.Frame:
@@ -330,7 +414,7 @@ class _Sizer:
         """
         d = dc.device
         on_cpu = d.kind is DeviceKind.CPU
-        key = (on_cpu, d.memory_bandwidth_gbps, d.fp16_tflops, d.cpu_count)
+        key = (on_cpu, d.memory_bandwidth_gbps, d.fp16_tflops, d.fp8_tflops, d.cpu_count)
         speed = self._speed.get(key)
         if speed is None:
             perf = _perf([dc], on_cpu, 1, self._eager(on_cpu), self.profile)
@@ -343,7 +427,8 @@ class _Sizer:
         key = (on_cpu, tp)
         if key not in self._need_cache:
             tokens = self._token_candidates(on_cpu)[0]
-            seqs = self.ov.max_num_seqs or 1
+            seqs = self.ov.max_num_seqs or (self._seq_cap(on_cpu, tokens) if self.seq_target and not self.relaxed
+                                            else 1)
             self._need_cache[key] = self._frame(on_cpu, tp, tokens).total(seqs, self.ov.kv_cache_memory_bytes)
         return self._need_cache[key]
 
@@ -352,11 +437,15 @@ class _Sizer:
         on_cpu = placement.on_cpu
         tp = placement.tp
         cap = min(capacity(dc, budget_is_applied=self.budget_is_applied) for dc in devs) // placement.share
+        if placement.budget is not None:  # the share a joint plan with pending deploys gave it
+            cap = min(cap, placement.budget)
         perf = _perf(devs, on_cpu, tp, self._eager(on_cpu), self.profile)
-        key = (on_cpu, tp, cap, tuple(dc.device.total_bytes for dc in devs), perf.bandwidth, perf.flops, perf.step_s)
+        fill = placement.budget is not None  # a joint plan's share: its sequences are what it was given for
+        key = (on_cpu, tp, cap, tuple(dc.device.total_bytes for dc in devs), perf.bandwidth, perf.flops, perf.step_s,
+               fill)
         choice = self._plan_cache.get(key)
         if choice is None:
-            choice = self._choose(devs, on_cpu, tp, cap, perf)
+            choice = self._choose(devs, on_cpu, tp, cap, perf, fill=fill)
             self._plan_cache[key] = choice
         util = self._utilization(devs, on_cpu, choice)
         settings = EngineSettings(
@@ -371,6 +460,10 @@ class _Sizer:
         if tp > 1 and not on_cpu:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
         notes = list(placement.notes)
+        if self.seq_target is not None and choice.seqs < self.seq_target:
+            notes.append(f"max_concurrency={self.demand} asks {self.seq_target} sequences of this replica; "
+                         f"{choice.seqs} fit on {', '.join(dc.device.id for dc in devs)} (the rest queue): add "
+                         "replicas or free memory for the full demand")
         notes.extend(n for dc in devs if (n := dtype_note(self.profile, dc)))
         notes.extend(n for dc in devs if (n := fp8_fallback_note(self.profile, dc)))
         first = devs[0].device
@@ -384,7 +477,8 @@ class _Sizer:
 
     # ---- the search -----------------------------------------------------------------
 
-    def _choose(self, devs: list[DeviceCapacity], on_cpu: bool, tp: int, cap: int, perf: _Perf) -> _Choice:
+    def _choose(self, devs: list[DeviceCapacity], on_cpu: bool, tp: int, cap: int, perf: _Perf, *,
+                fill: bool = False) -> _Choice:
         ov = self.ov
         if not on_cpu and ov.gpu_memory_utilization is not None and ov.kv_cache_memory_bytes is None:
             return self._fill_utilization(devs, tp, cap, perf)
@@ -403,7 +497,7 @@ class _Sizer:
             if score < threshold:
                 continue
             seqs = top
-            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs):
+            if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs or self.seq_target or fill):
                 lo, hi = 1, top  # fewest sequences that still score near the best
                 while lo < hi:
                     mid = (lo + hi) // 2
@@ -544,7 +638,9 @@ def _perf(devs: list[DeviceCapacity], on_cpu: bool, tp: int, eager: bool, profil
         return _Perf(bandwidth=min(CPU_BANDWIDTH_PER_CORE * cores_per_rank, 100e9) * CPU_EFFICIENCY,
                      flops=CPU_FLOPS_PER_CORE * cores_per_rank * CPU_EFFICIENCY, step_s=CPU_STEP_S)
     bw = min(dc.device.memory_bandwidth_gbps or FALLBACK_BANDWIDTH_GBPS for dc in devs)
-    tf = min(dc.device.fp16_tflops or FALLBACK_TFLOPS for dc in devs)
+    fp8 = bool(profile.quant and profile.quant.fp8_weights)  # W8A8 on cards with FP8 tensor cores
+    tf = min((dc.device.fp8_tflops if fp8 and dc.device.fp8_tflops else dc.device.fp16_tflops) or FALLBACK_TFLOPS
+             for dc in devs)
     step = (GPU_EAGER_STEP_S if eager else GPU_STEP_S) + (2 * profile.num_layers * TP_ALLREDUCE_S if tp > 1 else 0)
     return _Perf(bandwidth=bw * 1e9 * GPU_BANDWIDTH_EFFICIENCY, flops=tf * 1e12 * GPU_COMPUTE_EFFICIENCY, step_s=step)
 

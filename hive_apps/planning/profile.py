@@ -490,15 +490,29 @@ def load_profile(model: str, vllm_kwargs: dict[str, Any] | None = None) -> Model
         cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     except Exception:  # custom code or a model type transformers does not know: read the raw fields
         cfg = _generic_config(raw)
-    return _build_profile(cfg, raw, model=model, path=folder, vllm_kwargs=vllm_kwargs)
+    return _build_or_422(cfg, raw, model=model, path=folder, vllm_kwargs=vllm_kwargs)
+
+
+def _build_or_422(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
+                  vllm_kwargs: dict[str, Any]) -> ModelProfile:
+    """A config whose shape the planner does not read (list-valued or per-layer fields, say) is a 422
+    that says so, never a 500 and never a guess."""
+    try:
+        return _build_profile(cfg, raw, model=model, path=path, vllm_kwargs=vllm_kwargs)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        raise PlanningError(
+            f"model {model!r}: the planner cannot model this config.json (model_type "
+            f"{raw.get('model_type')!r}, architectures {raw.get('architectures')}): {type(exc).__name__}: {exc}. "
+            "Fields with per-layer lists or a layout it does not know yet are the usual cause; it does not guess "
+            "a smaller reservation. Deploy a config with scalar per-model fields, or report the config", 422) from exc
 
 
 def profile_from_config_dict(d: dict[str, Any], path: str = "",
                              vllm_kwargs: dict[str, Any] | None = None,
                              model: str | None = None) -> ModelProfile:
     """Profile a parsed ``config.json`` (side files such as hf_quant_config.json are read from ``path``)."""
-    return _build_profile(_config_from_dict(d), d, model=model or path or d.get("_name_or_path", ""),
-                          path=path, vllm_kwargs=dict(vllm_kwargs or {}))
+    return _build_or_422(_config_from_dict(d), d, model=model or path or d.get("_name_or_path", ""),
+                         path=path, vllm_kwargs=dict(vllm_kwargs or {}))
 
 
 def _resolve_local_folder(model: str) -> str:

@@ -85,6 +85,8 @@ class Plan(BaseModel):
     replicas: list[ReplicaPlan]
     rejected: list[Rejection] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # model-level remarks (dtype downcast, MM budget)
+    expected_tokens_per_s: float | None = None  # sum over replicas of the planner's roofline estimate
+    planned_concurrency: int | None = None  # sum over replicas of max_num_seqs
 
 
 class PlanningError(Exception):

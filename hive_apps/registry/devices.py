@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class DeviceKind(str, Enum):
@@ -32,10 +32,14 @@ class Device(BaseModel):
     total_bytes: int
     used_bytes: int = 0  # as measured (NVML / host RAM) or simulated
     compute_capability: tuple[int, int] | None = None
-    sm_count: int | None = None
+    sm_count: int | None = None  # streaming multiprocessors (never CUDA cores)
     memory_bandwidth_gbps: float | None = None
     tdp_w: int | None = None
-    fp16_tflops: float | None = None
+    fp16_tflops: float | None = None  # dense FP16/BF16 tensor TFLOPS (FP32 accumulate)
+    fp8_tflops: float | None = None  # dense FP8 tensor TFLOPS; None: no FP8 tensor cores
+    catalog_key: str | None = None  # the built-in catalog entry the card was identified as
+    estimates: list[str] = Field(default_factory=list)  # warnings: which figures are estimated, and how
+    error: str | None = None  # the device exists but cannot be read (the planner never places on it)
     cpu_count: int | None = None  # CPU devices: cores on the node
 
 
@@ -50,6 +54,7 @@ class NodeSample(BaseModel):
     devices: list[Device]
     sampled_at: float = 0.0
     source: str = "ray-monitor"  # or "agent"
+    error: str | None = None  # e.g. NVML failed on a node that has GPUs (see registry/monitor.py)
 
 
 def device_id(node_name: str, kind: DeviceKind, index: int | None) -> str:

@@ -55,6 +55,7 @@ class NodeState(BaseModel):
     host_used_bytes: int
     host_reserved_bytes: int  # hive reservations on the node's CPU device
     devices: list[str]
+    error: str | None = None  # the monitor could not read the node's GPUs (why, and what to fix)
 
 
 class Ledger:
@@ -115,6 +116,7 @@ class Ledger:
             node_id=sample.node_id, node_name=sample.node_name, source=sample.source, cpu_count=sample.cpu_count,
             host_total_bytes=sample.host_total_bytes, host_used_bytes=sample.host_used_bytes,
             host_reserved_bytes=sum(self.reserved_on(d) for d in cpu), devices=[d.id for d in sample.devices],
+            error=sample.error,
         )
 
     def capacities(self) -> list[DeviceCapacity]:

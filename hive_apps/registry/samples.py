@@ -36,7 +36,7 @@ def sample_problems(sample: NodeSample) -> list[str]:
                             f"for a {d.kind.value} with index {d.index} on {sample.node_name!r}")
         if not 0 <= d.used_bytes <= d.total_bytes <= (MAX_HOST_BYTES if d.kind.value == "cpu" else MAX_DEVICE_BYTES):
             problems.append(f"{where}: need 0 <= used ({d.used_bytes}) <= total ({d.total_bytes}) <= 1 TiB")
-        for name in ("memory_bandwidth_gbps", "fp16_tflops"):
+        for name in ("memory_bandwidth_gbps", "fp16_tflops", "fp8_tflops"):
             value = getattr(d, name, None)
             if value is not None and (not math.isfinite(value) or value < 0):
                 problems.append(f"{where}: {name} must be a finite, non-negative number")

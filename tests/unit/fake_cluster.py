@@ -52,8 +52,8 @@ class LocalHandle:
 
 
 class Planner:
-    def plan(self, spec, devices):
-        return plan_or_error(spec, devices)
+    def plan(self, spec, devices, pending=None):
+        return plan_or_error(spec, devices, pending)
 
 
 @dataclass

@@ -88,7 +88,8 @@ def test_agent_process_pushes_fake_nvml_gpus_with_the_env_token(registry):
     assert [d["name"] for d in devices] == ["NVIDIA H100 80GB HBM3", "NVIDIA L4"]
     assert [d["total_bytes"] for d in devices] == [85520809984, 24152899584]
     assert devices[0]["used_bytes"] == 600 << 20 and devices[1]["uuid"] == "GPU-l4-fixed"
-    assert devices[1]["tdp_w"] == 72 and devices[0]["tdp_w"] is None
+    assert devices[1]["tdp_w"] == 72  # NVML's power limit
+    assert devices[0]["tdp_w"] == 700 and devices[0]["sm_count"] == 132  # no NVML figure: the catalog's H100 SXM
 
 
 def test_agent_reads_the_token_file_and_never_needs_argv(registry, tmp_path):

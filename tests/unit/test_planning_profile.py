@@ -212,3 +212,13 @@ def test_summary_carries_the_planner_figures():
     assert s.path.endswith("tiny-qwen2")
 
 
+
+
+def test_a_config_shape_the_planner_cannot_read_is_a_422_not_a_crash():
+    with open(fixture_path("Qwen__Qwen3-0.6B") + "/config.json") as f:
+        d = json.load(f)
+    d["num_key_value_heads"] = [8] * d["num_hidden_layers"]  # a per-layer list where a number is read
+    with pytest.raises(PlanningError) as err:
+        profile_from_config_dict(d, "x")
+    assert err.value.status_code == 422
+    assert "cannot model" in err.value.message and "qwen3" in err.value.message and "TypeError" in err.value.message
