@@ -67,6 +67,9 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# The best-fit policy below is a user code hook: this script, as the operator, allows its own module.
+os.environ.setdefault("HIVE_HOOK_PACKAGES", "__main__")
+
 from hive_apps.planning import memory as mem  # noqa: E402
 from hive_apps.planning.placement import capacity  # noqa: E402
 from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
