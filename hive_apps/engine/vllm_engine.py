@@ -90,6 +90,7 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
 class VLLMEngine(EngineBase):
     async def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan):
         super().__init__()
+        constructed_at = time.time()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.app import build_app
@@ -116,8 +117,9 @@ class VLLMEngine(EngineBase):
             self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
             self.engine_start_s = time.perf_counter() - t0
             self.warm_up_s = await self.warm_up()
-        log.info("engine %s/r%d ready: vLLM start %.1fs, first request %.2fs",
-                 model_id, replica.index, self.engine_start_s, self.warm_up_s)
+        # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
+        log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
+                 model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
         await self.start_http()
 
     def load(self) -> EngineLoad:
