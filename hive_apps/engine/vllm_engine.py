@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from hive_apps.engine.base import EngineBase, raise_engine_priority, restore_node_environment
+from hive_apps.engine.base import EngineBase, restore_node_environment
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
 from hive_apps.planning.types import ReplicaPlan
@@ -93,7 +93,6 @@ class VLLMEngine(EngineBase):
         constructed_at = time.time()
         if restore_node_environment():
             log.info("engine %s/r%d: removed Ray's OMP_NUM_THREADS; vLLM sizes its own threads", model_id, replica.index)
-        raise_engine_priority()  # before vLLM starts its EngineCore process, which inherits it
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.app import build_app
