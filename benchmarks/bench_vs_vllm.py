@@ -631,6 +631,7 @@ def main() -> int:
         targets = [all_targets[t] for t in args.targets.split(",")]
 
         print(f"\nidle, both servers up ({args.idle_seconds:.0f}s): CPU % of one core and RSS, by process")
+        time.sleep(3)  # vLLM's worker busy-polls for 1 s after each step; the hive's first chat was just now
         c0 = {k: t.cpu() for k, t in trees.items()}
         time.sleep(args.idle_seconds)
         c1 = {k: t.cpu() for k, t in trees.items()}
