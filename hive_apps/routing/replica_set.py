@@ -1,6 +1,7 @@
 """The routing state of one model, shared by its router and by the gateway.
 
-Holds one handle per engine replica, polls their live load every 250 ms and sends each
+Holds one handle per engine replica, polls their live load every 250 ms (every 2 s while no
+request came for 2 s) and sends each
 request to the replica with the lowest load relative to its planned capacity
 (``routing/policy.py``). A replica that fails before answering is retried on another;
 when every replica is full and the model's queue bound is reached the answer is a 429.
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -39,6 +41,11 @@ from hive_apps.settings import get_settings
 log = logging.getLogger("ray.serve")
 
 LOAD_POLL_S = 0.25
+# Nothing sent for IDLE_AFTER_S and nothing in flight: poll every IDLE_POLL_S only (health and
+# other routers' load), and poll at once when the next request comes. Each poll costs both
+# processes CPU on the cores the engines use (benchmarks/bench_vs_vllm.py, idle CPU by process).
+IDLE_AFTER_S = 2.0
+IDLE_POLL_S = 2.0
 LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
 MAX_ATTEMPTS = 2
 RETRY_AFTER_S = 1
@@ -66,6 +73,8 @@ class ReplicaSet:
         self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in handles}
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
+        self._used_at = 0.0  # monotonic time of the last request
+        self._wake = asyncio.Event()
 
     @classmethod
     def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> "ReplicaSet":
@@ -86,15 +95,37 @@ class ReplicaSet:
 
     async def _poll_load(self) -> None:
         while True:
-            indices = list(self.handles)
-            results = await asyncio.gather(*(self._poll_one(i) for i in indices), return_exceptions=True)
-            for i, res in zip(indices, results):
-                view = self.views[i]
-                if isinstance(res, EngineLoad):
-                    view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
-                else:
-                    view.healthy = False
-            await asyncio.sleep(LOAD_POLL_S)
+            await self._refresh()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S if self._idle() else LOAD_POLL_S)
+
+    async def _refresh(self) -> None:
+        """Ask every replica for its load now."""
+        indices = list(self.handles)
+        results = await asyncio.gather(*(self._poll_one(i) for i in indices), return_exceptions=True)
+        for i, res in zip(indices, results):
+            view = self.views[i]
+            if isinstance(res, EngineLoad):
+                view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+            else:
+                view.healthy = False
+
+    async def _any_healthy(self) -> bool:
+        """Whether some replica looks healthy; if none does, ask again before giving up: a view is
+        at most one poll old, and a replica that just came up was down at the last poll."""
+        if not any(v.healthy for v in self.views.values()):
+            await self._refresh()
+        return any(v.healthy for v in self.views.values())
+
+    def _idle(self) -> bool:
+        return time.monotonic() - self._used_at > IDLE_AFTER_S and not any(v.in_flight for v in self.views.values())
+
+    def _touch(self) -> None:
+        """A request arrived: back to polling every LOAD_POLL_S, starting now if the set was idle."""
+        if self._idle():
+            self._wake.set()
+        self._used_at = time.monotonic()
 
     async def _poll_one(self, i: int) -> EngineLoad:
         """Over the replica's own port when it is known (cheap); else ask Serve, and learn the port."""
@@ -153,6 +184,7 @@ class ReplicaSet:
 
         ``body`` is ``req.body`` as the caller already parsed it (None when it is not a JSON object).
         """
+        self._touch()
         busy = self._busy()
         if busy:
             return busy
@@ -190,6 +222,7 @@ class ReplicaSet:
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
+        await self._any_healthy()
         for view in self._attempts(prefer):
             view.in_flight += 1
             view.queued_tokens += tokens
@@ -211,6 +244,7 @@ class ReplicaSet:
 
     async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """A streaming request: retried elsewhere only if the replica fails before its first item."""
+        self._touch()
         busy = self._busy()
         if busy:
             yield busy[0]
@@ -218,6 +252,7 @@ class ReplicaSet:
             return
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
+        await self._any_healthy()
         for view in self._attempts():
             view.in_flight += 1
             view.queued_tokens += tokens

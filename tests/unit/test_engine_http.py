@@ -176,3 +176,47 @@ async def test_the_engine_port_listens_on_the_nodes_address_only():
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", url.port)) != 0
     await e.http.stop()
+
+
+async def test_an_idle_replica_set_polls_rarely_and_at_once_when_a_request_comes(monkeypatch):
+    from hive_apps.routing import replica_set
+
+    monkeypatch.setattr(replica_set, "IDLE_AFTER_S", 0.3)
+    e = await engine(sim_tokens_per_s=5000)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    polls = []
+    poll_one = rs._poll_one
+
+    async def counted(i):
+        polls.append(asyncio.get_running_loop().time())
+        return await poll_one(i)
+
+    rs._poll_one = counted
+    rs.start()
+    await asyncio.sleep(0.8)  # idle since the start: fast polls for 0.3 s, then every 2 s
+    idle_from = len(polls)
+    await asyncio.sleep(1.5)
+    assert len(polls) - idle_from <= 1, "idle: at most one poll in 1.5 s (every 250 ms would be six)"
+    before = len(polls)
+    start, _ = await rs.call(ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                                              body=json.dumps(CHAT).encode()), CHAT)
+    assert start.status == 200
+    await asyncio.sleep(0.1)
+    assert len(polls) > before, "a request wakes the poller at once"
+    woke = len(polls)
+    await asyncio.sleep(0.2 + replica_set.LOAD_POLL_S)
+    assert len(polls) > woke, "used recently: back to every 250 ms"
+    rs.close()
+    await asyncio.sleep(0)
+
+
+async def test_a_replica_that_came_up_after_the_last_poll_is_asked_again_not_refused():
+    e = await engine(sim_tokens_per_s=5000)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    rs.views[0].healthy = False  # the last poll ran while the engine was still starting
+    start, body = await rs.call(ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                                                 body=json.dumps(CHAT).encode()), CHAT)
+    assert start.status == 200, body
+    assert rs.views[0].healthy
+    rs.close()
+    await asyncio.sleep(0)
