@@ -164,13 +164,18 @@ class _Choice(BaseModel):
     score: float
 
 
-def _make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> "_Sizer":
+def _engine_overrides(spec: ModelSpec) -> tuple[dict[str, Any], "Overrides"]:
+    """The deploy's vLLM arguments (``hive_*`` keys are the hive's) and the sizing ones among them."""
     engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
     try:
-        overrides = Overrides.model_validate(engine_kwargs)
+        return engine_kwargs, Overrides.model_validate(engine_kwargs)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
+
+
+def _make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> "_Sizer":
+    engine_kwargs, overrides = _engine_overrides(spec)
     return _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
 
 
@@ -189,12 +194,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     takes the GPU and the share of memory that the joint plan gives it, so it does not take
     the room a pending model needs.
     """
-    engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
-    try:
-        overrides = Overrides.model_validate(engine_kwargs)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
+    engine_kwargs, overrides = _engine_overrides(spec)
     quant = profile.quant
     if spec.engine is EngineKind.VLLM and quant is not None and not quant.vllm_supported:
         raise PlanningError(
