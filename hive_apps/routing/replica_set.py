@@ -74,6 +74,7 @@ class ReplicaSet:
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
         self._used_at = 0.0  # monotonic time of the last request
+        self._asking: asyncio.Task | None = None  # a poll that requests finding no healthy replica wait on
         self._wake = asyncio.Event()
 
     @classmethod
@@ -113,9 +114,12 @@ class ReplicaSet:
 
     async def _any_healthy(self) -> bool:
         """Whether some replica looks healthy; if none does, ask again before giving up: a view is
-        at most one poll old, and a replica that just came up was down at the last poll."""
+        at most one poll old, and a replica that just came up was down at the last poll.
+        Requests that arrive together share one such poll."""
         if not any(v.healthy for v in self.views.values()):
-            await self._refresh()
+            if self._asking is None or self._asking.done():
+                self._asking = asyncio.get_running_loop().create_task(self._refresh())
+            await asyncio.shield(self._asking)
         return any(v.healthy for v in self.views.values())
 
     def _idle(self) -> bool:
@@ -185,6 +189,9 @@ class ReplicaSet:
         ``body`` is ``req.body`` as the caller already parsed it (None when it is not a JSON object).
         """
         self._touch()
+        await self._any_healthy()
+        # no await from the queue check to the in-flight count (in _call_one): requests that
+        # arrive together must see each other
         busy = self._busy()
         if busy:
             return busy
@@ -222,7 +229,6 @@ class ReplicaSet:
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
-        await self._any_healthy()
         for view in self._attempts(prefer):
             view.in_flight += 1
             view.queued_tokens += tokens
@@ -245,14 +251,14 @@ class ReplicaSet:
     async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """A streaming request: retried elsewhere only if the replica fails before its first item."""
         self._touch()
-        busy = self._busy()
+        await self._any_healthy()
+        busy = self._busy()  # and no await from here to the in-flight count
         if busy:
             yield busy[0]
             yield busy[1]
             return
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
-        await self._any_healthy()
         for view in self._attempts():
             view.in_flight += 1
             view.queued_tokens += tokens

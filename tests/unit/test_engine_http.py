@@ -220,3 +220,16 @@ async def test_a_replica_that_came_up_after_the_last_poll_is_asked_again_not_ref
     assert rs.views[0].healthy
     rs.close()
     await asyncio.sleep(0)
+
+
+async def test_requests_arriving_together_while_no_replica_looks_healthy_still_meet_the_queue_bound():
+    e = await engine(max_num_seqs=1, sim_tokens_per_s=20)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=1)
+    rs.views[0].healthy = False  # the last poll ran while the engine was still starting
+    req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                           body=json.dumps({**CHAT, "max_tokens": 10}).encode())
+    replies = await asyncio.gather(*(rs.call(req, CHAT) for _ in range(6)))
+    codes = sorted(start.status for start, _ in replies)
+    assert codes.count(429) >= 3 and codes.count(200) >= 1, codes  # one running, one queued, the rest refused
+    rs.close()
+    await asyncio.sleep(0)
