@@ -218,11 +218,7 @@ class ModelBook:
         node has joined under the same name; old reservations without a node id go by name.
         """
         changes: dict[str, Change] = {}
-        for r in list(self.ledger.reservations.values()):
-            node = r.devices[0].rsplit(":", 1)[0] if r.devices else ""
-            gone = r.node_id in dead_node_ids if r.node_id else (node in dead_names and node not in alive_names)
-            if not gone:
-                continue
+        for r in self.ledger.on_nodes(dead_names - alive_names, dead_node_ids):
             self.ledger.release_key(r.key)
             rec = self.records.get(r.model_id)
             if rec is None:

@@ -37,12 +37,6 @@ SAMPLE_TIMEOUT_S = 60.0
 WATCH_MAX_S = 60.0
 
 
-class ReserveResult(BaseModel):
-    ok: bool
-    message: str = ""
-    status_code: int = 200
-
-
 class Outcome(BaseModel):
     """The answer to a transition: the record as it is now, or why the transition was refused."""
 
@@ -106,8 +100,7 @@ class Registry:
             puts.update({RESERVATION_KEY + r.key: r for r in c.saved})
             deletes += [RESERVATION_KEY + k for k in c.forgotten]
         await self.store.write(puts, deletes)
-        async with self.changed:
-            self.changed.notify_all()
+        await self._announce()
 
     async def _announce(self) -> None:
         async with self.changed:
@@ -153,18 +146,18 @@ class Registry:
         devices = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices]
         return pushed.model_copy(update={"node_id": node_id, "devices": devices})
 
-    async def push_sample(self, sample: NodeSample) -> ReserveResult:
+    async def push_sample(self, sample: NodeSample) -> Outcome:
         """Accept a sample from ``python -m hive_apps.monitor`` for a node Ray knows by that name."""
         problems = sample_problems(sample)
         if problems:
-            return ReserveResult(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
+            return Outcome(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
         if sample.node_name not in {s.node_name for s in self.nodes.values()}:
             known = ", ".join(sorted(s.node_name for s in self.nodes.values()))
-            return ReserveResult(ok=False, status_code=404, message=(
+            return Outcome(ok=False, status_code=404, message=(
                 f"no alive Ray node is named {sample.node_name!r} (known: {known}); start the Ray node with "
                 f"the label ray-hive/node={sample.node_name} or pass that name to the agent's --node-name"))
         self.pushed[sample.node_name] = sample.model_copy(update={"sampled_at": time.time(), "source": "agent"})
-        return ReserveResult(ok=True)
+        return Outcome(ok=True)
 
     async def node_states(self) -> list[NodeState]:
         await self._ready()

@@ -186,10 +186,11 @@ class Ledger:
     def release_key(self, key: str) -> Reservation | None:
         return self.reservations.pop(key, None)
 
-    def on_nodes(self, node_names: set[str]) -> list[Reservation]:
-        """Reservations with a device on any of these nodes (device ids are '<node>:<device>')."""
+    def on_nodes(self, node_names: set[str], node_ids: set[str] = frozenset()) -> list[Reservation]:
+        """Reservations placed on any of these Ray nodes; one stored without a node id goes by the
+        node names in its device ids ('<node>:<device>')."""
         return [r for r in self.reservations.values()
-                if any(d.rsplit(":", 1)[0] in node_names for d in r.devices)]
+                if (r.node_id in node_ids if r.node_id else any(d.rsplit(":", 1)[0] in node_names for d in r.devices))]
 
     def of_model(self, model_id: str) -> list[Reservation]:
         return [r for r in self.reservations.values() if r.model_id == model_id]
