@@ -1,0 +1,144 @@
+"""When a model sleeps, wakes, makes room for another, or is destroyed. Pure: no Ray.
+
+The admin's lifecycle loop (``admin/lifecycle.py``) and its reconciler call these; so does
+``benchmarks/bench_lifecycle.py``, which runs the same rules against simpler strategies.
+
+Rules (README "Lifecycle"):
+
+- A model *can sleep* when its deploy set ``sleep_timeout``. Only such models are ever put
+  to sleep, by their own timeout or to make room for another model.
+- Idle time counts from the last request an engine answered (health checks and load polls
+  do not count), or from when the model last became ready, whichever is later.
+- Making room (a model must wake or deploy and its memory is taken): candidates are the
+  sleepable models that are resident, not ``keep_resident``, have nothing in flight, and
+  have been resident for at least the minimum residency. They are taken in order of
+  (priority, expected cost, least recently used), where expected cost = recent request rate
+  x wake cost (the seconds their next request would wait). Victims are added one at a time
+  until the newcomer fits; if it never fits, nothing is evicted.
+- A model that just woke keeps its place for the minimum residency; the wait for room is
+  then retried when the earliest protection ends (the held requests keep waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from pydantic import BaseModel
+
+# Cold start of a model that is parked: the engine process starts again and reloads weights.
+# Used for the wake cost until the model's own wake was measured. Seconds = fixed + per GiB.
+COLD_START_FIXED_S = 20.0
+COLD_START_S_PER_GIB = 1.0
+RATE_HALF_LIFE_S = 60.0  # how fast the request-rate estimate forgets
+
+
+class Activity(BaseModel):
+    """What the engines of one model say about their requests (summed over replicas)."""
+
+    in_flight: int = 0  # in the replicas now (running + waiting + being forwarded)
+    requests_total: int = 0  # answered or started since the engines started
+    last_request_at: float | None = None  # wall time of the last request any replica took
+    rate_per_s: float = 0.0  # recent request rate (decaying average)
+    sampled_at: float = 0.0
+
+
+def update_activity(prev: Activity | None, in_flight: int, requests_total: int,
+                    last_request_at: float | None, now: float) -> Activity:
+    """Fold a new reading into the decaying request rate; counters that went backwards mean
+    the engines restarted, so only the new count is taken."""
+    if prev is None or prev.sampled_at <= 0:
+        return Activity(in_flight=in_flight, requests_total=requests_total, last_request_at=last_request_at,
+                        sampled_at=now)
+    dt = max(1e-6, now - prev.sampled_at)
+    new = requests_total - prev.requests_total if requests_total >= prev.requests_total else requests_total
+    keep = 0.5 ** (dt / RATE_HALF_LIFE_S)
+    rate = prev.rate_per_s * keep + (new / dt) * (1 - keep)
+    last = max((t for t in (prev.last_request_at, last_request_at) if t is not None), default=None)
+    return Activity(in_flight=in_flight, requests_total=requests_total, last_request_at=last,
+                    rate_per_s=rate, sampled_at=now)
+
+
+def idle_since(last_request_at: float | None, ready_at: float | None) -> float | None:
+    """Since when the model has had no request (None: it never became ready)."""
+    times = [t for t in (last_request_at, ready_at) if t is not None]
+    return max(times) if times else None
+
+
+def sleep_due(sleep_timeout: float | None, since: float | None, in_flight: int, now: float) -> bool:
+    return sleep_timeout is not None and since is not None and in_flight == 0 and now - since >= sleep_timeout
+
+
+def destroy_due(idle_timeout: float | None, since: float | None, in_flight: int, now: float) -> bool:
+    return idle_timeout is not None and since is not None and in_flight == 0 and now - since >= idle_timeout
+
+
+def cold_start_estimate_s(weight_bytes: int) -> float:
+    """What waking a parked model costs before it was ever measured."""
+    return COLD_START_FIXED_S + COLD_START_S_PER_GIB * weight_bytes / 2**30
+
+
+class Candidate(BaseModel):
+    """A resident model that might be put to sleep to make room."""
+
+    model_id: str
+    can_sleep: bool
+    keep_resident: bool = False
+    priority: int = 0  # higher is evicted later
+    in_flight: int = 0
+    rate_per_s: float = 0.0
+    wake_cost_s: float
+    resident_since: float  # when it last became ready (deploy or wake)
+    last_request_at: float | None = None
+
+    @property
+    def expected_cost(self) -> float:
+        """Seconds of waiting its next requests would suffer per second, if it slept now."""
+        return self.rate_per_s * self.wake_cost_s
+
+
+class Refusal(BaseModel):
+    model_id: str
+    reason: str
+
+
+def eviction_order(candidates: list[Candidate], now: float, min_residency_s: float) -> tuple[list[Candidate], list[Refusal]]:
+    """The models that may be evicted, cheapest first, and why each other one may not."""
+    allowed, refused = [], []
+    for c in candidates:
+        if not c.can_sleep:
+            refused.append(Refusal(model_id=c.model_id, reason="has no sleep_timeout (never evicted)"))
+        elif c.keep_resident:
+            refused.append(Refusal(model_id=c.model_id, reason="keep_resident"))
+        elif c.in_flight > 0:
+            refused.append(Refusal(model_id=c.model_id, reason=f"{c.in_flight} requests in flight"))
+        elif now - c.resident_since < min_residency_s:
+            left = min_residency_s - (now - c.resident_since)
+            refused.append(Refusal(model_id=c.model_id, reason=f"woke {now - c.resident_since:.0f}s ago "
+                                                                f"(minimum residency, {left:.0f}s left)"))
+        else:
+            allowed.append(c)
+    allowed.sort(key=lambda c: (c.priority, c.expected_cost, c.last_request_at or 0.0, c.model_id))
+    return allowed, refused
+
+
+def protection_ends(candidates: list[Candidate], now: float, min_residency_s: float) -> float | None:
+    """When the earliest minimum-residency protection of an otherwise evictable model ends."""
+    ends = [c.resident_since + min_residency_s for c in candidates
+            if c.can_sleep and not c.keep_resident and c.in_flight == 0 and now - c.resident_since < min_residency_s]
+    return min(ends) if ends else None
+
+
+async def choose_victims(order: list[Candidate], fits: Callable[[list[str]], Awaitable[bool]]) -> list[str] | None:
+    """The shortest prefix of ``order`` whose memory, freed, lets the newcomer fit; None when even
+    all of them would not do (then nobody is evicted for nothing)."""
+    chosen: list[str] = []
+    for c in order:
+        chosen.append(c.model_id)
+        if await fits(chosen):
+            return chosen
+    return None
+
+
+def held_verdict(held: int, bound: int) -> bool:
+    """Whether one more request may wait for a waking model."""
+    return held < bound
