@@ -54,6 +54,12 @@ class HiveSettings(BaseSettings):
     engine_port_range: Annotated[tuple[int, int] | None, NoDecode] = Field(
         None, description="e.g. 20000-20999: engine replicas listen on the first free port of this range "
                           "(for NetworkPolicies and firewalls); unset = any free port.")
+    hold_max_per_model: int = Field(64, ge=0, description="Requests that may wait for one sleeping model to wake; more get 429.")
+    hold_timeout_s: float = Field(300.0, gt=0, description="Longest a request waits for a sleeping model to wake; then 503.")
+    hold_keepalive_s: float = Field(5.0, gt=0, description="Seconds between SSE comment keep-alives sent to a streaming client that waits for a wake.")
+    drain_grace_s: float = Field(30.0, ge=0, description="Longest a replica that is put to sleep or deleted waits for its in-flight requests.")
+    min_residency_s: float = Field(60.0, ge=0, description="A model that woke is not evicted for another before this many seconds.")
+    lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")

@@ -57,8 +57,25 @@ class ModelSpec(BaseModel):
         description='Built-in placement policy; a user policy goes in vllm_kwargs["hive_placement_policy"] '
                     '= "package.module.ClassName" and replaces it.',
     )
-    sleep_timeout: float | None = Field(None, ge=0, description="Not built yet: refused when set (see the lifecycle issue).")
-    idle_timeout: float | None = Field(None, ge=0, description="Not built yet: refused when set (see the lifecycle issue).")
+    sleep_timeout: float | None = Field(
+        None, gt=0, le=30 * 86400,
+        description="Seconds without requests after which the model sleeps (parks: engines removed, memory "
+                    "released, route and plan kept); the next request wakes it. A model with a sleep_timeout may "
+                    "also be put to sleep to make room for another model (README \"Lifecycle\").",
+    )
+    idle_timeout: float | None = Field(
+        None, gt=0, le=365 * 86400,
+        description="Seconds without requests after which the model is destroyed (apps and memory released, "
+                    "status 'destroyed'); must be greater than sleep_timeout when both are set.",
+    )
+    priority: int = Field(
+        0, ge=-1000, le=1000,
+        description="Among models that can sleep, higher is evicted later when room must be made. Needs sleep_timeout.",
+    )
+    keep_resident: bool = Field(
+        False, description="Never put to sleep to make room for another model (its own sleep_timeout still applies). "
+                           "Needs sleep_timeout: models without one are never evicted anyway.",
+    )
     engine: EngineKind = EngineKind.VLLM
     max_queued_requests: int | None = Field(
         None, ge=0,
@@ -101,14 +118,6 @@ class ModelSpec(BaseModel):
                 f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
                 f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
             )
-        return v
-
-    @field_validator("sleep_timeout", "idle_timeout")
-    @classmethod
-    def _lifecycle_not_built_yet(cls, v: float | None, info) -> float | None:
-        if v is not None:
-            raise ValueError(f"{info.field_name} is not supported yet: models stay resident until "
-                             "DELETE /admin/models/{id}; leave the field out")
         return v
 
     @field_validator("replicas")
@@ -168,6 +177,23 @@ class ModelSpec(BaseModel):
                 "split over the replicas, max_num_seqs is per replica and taken as is)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _lifecycle_fields_agree(self) -> "ModelSpec":
+        if self.sleep_timeout is not None and self.idle_timeout is not None and self.idle_timeout <= self.sleep_timeout:
+            raise ValueError(
+                f"idle_timeout={self.idle_timeout:g} must be greater than sleep_timeout={self.sleep_timeout:g}: "
+                "a model sleeps first and is destroyed later; raise idle_timeout or drop one of them")
+        for name in ("priority", "keep_resident"):
+            if name in self.model_fields_set and self.sleep_timeout is None and getattr(self, name) != type(getattr(self, name))():
+                raise ValueError(
+                    f"{name} only orders or prevents evictions, and only models with a sleep_timeout are ever "
+                    f"evicted; set sleep_timeout too, or leave {name} out")
+        return self
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.sleep_timeout is not None
 
     @property
     def pins(self) -> list[str]:

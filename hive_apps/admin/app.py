@@ -22,6 +22,7 @@ from ray import serve
 
 from hive_apps import names
 from hive_apps.admin.guard import AdminGuard
+from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse, error_responses
 from hive_apps.auth import warn_if_open
@@ -29,7 +30,7 @@ from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
 from hive_apps.cluster import get_cluster
-from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import ENDED, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
 
@@ -75,7 +76,8 @@ async def _http_error(_: Request, e: StarletteHTTPException):
 
 @app.exception_handler(AdminError)
 async def _admin_error(_: Request, e: AdminError):
-    return error_response(e.status, e.message, e.field, **e.extra)
+    headers = {"retry-after": str(e.extra.pop("retry_after"))} if "retry_after" in e.extra else None
+    return error_response(e.status, e.message, e.field, headers=headers, **e.extra)
 
 
 @app.exception_handler(RequestValidationError)
@@ -103,8 +105,11 @@ class Admin:
         self.settings = get_settings()
         warn_if_open(self.settings, names.ADMIN_APP)
         self.cluster = get_cluster()
-        self.reconciler = Reconciler(self.cluster, self.settings)
+        self.lifecycle = Lifecycle(self.cluster, self.settings)
+        self.reconciler = Reconciler(self.cluster, self.settings, self.lifecycle)
+        self.records: list[ModelRecord] = []  # as the registry last announced them
         self._watcher = asyncio.get_event_loop().create_task(self._watch_records())
+        self._ticker = asyncio.get_event_loop().create_task(self._lifecycle_loop())
 
     @property
     def registry(self):
@@ -123,7 +128,7 @@ class Admin:
         while True:
             try:
                 view = await self.registry.watch.remote(after, WATCH_S)
-                after = view.version
+                after, self.records = view.version, view.models
                 for rec in view.models:  # wake only the loops of records that changed
                     if seen.get(rec.model_id) != rec.version and rec.status is not ModelStatus.READY:
                         self.reconciler.ensure(rec.model_id)
@@ -134,6 +139,43 @@ class Admin:
             except Exception as e:  # e.g. the registry is restarting
                 log.warning("watching the registry failed: %s", e)
                 await asyncio.sleep(1.0)
+
+    async def _lifecycle_loop(self) -> None:
+        """Every HIVE_LIFECYCLE_TICK_S: put idle models to sleep, destroy long-idle ones."""
+        while True:
+            await asyncio.sleep(self.settings.lifecycle_tick_s)
+            try:
+                for model_id in await self.lifecycle.tick(self.records):
+                    self.reconciler.ensure(model_id)
+            except Exception as e:  # e.g. the registry is restarting
+                log.warning("lifecycle tick failed: %s", e)
+
+    async def _place(self, spec: ModelSpec):
+        """Plan a deploy; when the memory it needs is taken, put models that can sleep to sleep
+        first (``admin/lifecycle.py``), waiting for them to park, at most HIVE_HOLD_TIMEOUT_S."""
+        try:
+            return await self._plan(spec)
+        except AdminError as first:
+            planning_error = first
+        deadline = time.monotonic() + self.settings.hold_timeout_s
+        while time.monotonic() < deadline:
+            room = await self.lifecycle.make_room(spec)
+            if room.plan is not None:
+                return room.plan
+            if room.evicting:
+                for model_id in room.evicting:
+                    self.reconciler.ensure(model_id)
+                evicting = set(room.evicting)
+                await self._wait_for(lambda records: all(m not in records or not records[m].resident for m in evicting),
+                                     deadline - time.monotonic())
+            elif room.retry_at is not None and room.retry_at - time.time() < deadline - time.monotonic():
+                await asyncio.sleep(max(0.0, room.retry_at - time.time()))
+            elif room.status_code == 503:
+                raise AdminError(503, room.error, retry_after=max(1, int(self.settings.min_residency_s)))
+            else:
+                raise planning_error
+        raise AdminError(503, f"no room for {spec.model_id} within {self.settings.hold_timeout_s:.0f}s "
+                              "(HIVE_HOLD_TIMEOUT_S) while other models went to sleep", retry_after=5)
 
     async def _wait_for(self, done: Callable[[dict[str, ModelRecord]], bool], timeout_s: float) -> dict[str, ModelRecord]:
         """Long-poll the registry until ``done(records by id)`` or the timeout; the last records seen."""
@@ -162,10 +204,10 @@ class Admin:
     @app.post("/models", status_code=202, responses=error_responses(400, 401, 404, 409, 413, 422, 503))
     async def deploy(self, spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
         existing = await self.registry.get_model.remote(spec.model_id)
-        if existing is not None and existing.status is not ModelStatus.FAILED:
+        if existing is not None and existing.status not in ENDED:
             raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id", "model_id")
-        plan = await self._plan(spec)
+        plan = await self._place(spec)
         record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
         reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
         outcome = await self.registry.transition.remote("create", spec.model_id, record=record, reservations=reservations)

@@ -72,4 +72,8 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
         # removed the public `version` option but still honours the attribute.
         dep._version = replica_version(model_id, plan, rp, (generations or {}).get(rp.index, 0))
         engines.append(dep.bind(model_id, plan.profile.path, rp))
-    return router_deployment().bind(model_id, engines, plan.replicas, default_queue_bound(plan, max_queued_requests))
+    router = router_deployment()
+    # One version for the router's whole life: parking and waking rebuild the app without engines
+    # and with them again, and the router (holding requests that wait for the wake) must stay.
+    router._version = hashlib.sha256(f"{__version__}|router|{model_id}".encode()).hexdigest()[:16]
+    return router.bind(model_id, engines, plan.replicas, default_queue_bound(plan, max_queued_requests))

@@ -9,8 +9,11 @@ killed at any point: a new admin replica reads the same record and takes the sam
                        every replica that should run is healthy -> ``started``
                        an engine failed, or the deadline passed -> ``fail`` / ``heal_failed``
     degraded           replicas lost, self-healing on, not pinned -> plan replacements, ``heal``
-    deleting           remove the app -> ``deleted``
-    failed             remove the app if one is left
+    deleting           drain (bounded), remove the app -> ``deleted`` (or destroyed, for idleness)
+    sleeping           resident: drain (bounded), rebuild the app with its router only -> ``parked``
+    waking             parked: plan, making room by putting others to sleep -> ``placed``, then as
+                       deploying; no room -> ``wake_failed``
+    failed, destroyed  remove the app if one is left
     (no record)        remove the app if one is left
 
 Every Ray and Serve call goes through the cluster seam (``hive_apps/cluster.py``).
@@ -21,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hive_apps import names
 from hive_apps.admin.failures import failure_reason
 from hive_apps.cluster import MISSING, AppState, Cluster, off_loop
 from hive_apps.registry.control import heal_backoff_s
-from hive_apps.registry.records import STARTING, ModelRecord, ModelStatus
+from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import HiveSettings
+
+if TYPE_CHECKING:
+    from hive_apps.admin.lifecycle import Lifecycle
 
 log = logging.getLogger("ray.serve")
 
@@ -50,9 +56,11 @@ def is_model_app(state: AppState) -> bool:
 
 
 class Reconciler:
-    def __init__(self, cluster: Cluster, settings: HiveSettings, apply_grace_s: float = APPLY_GRACE_S):
+    def __init__(self, cluster: Cluster, settings: HiveSettings, lifecycle: "Lifecycle",
+                 apply_grace_s: float = APPLY_GRACE_S):
         self.cluster = cluster
         self.settings = settings
+        self.lifecycle = lifecycle
         self.apply_grace_s = apply_grace_s
         self.loops: dict[str, asyncio.Task] = {}
         self.kicks: dict[str, asyncio.Event] = {}
@@ -113,13 +121,18 @@ class Reconciler:
     async def step(self, model_id: str, rec: ModelRecord | None) -> float | None:
         """Take the next step for one model; answer how long to wait before the next, or None
         when the model needs nothing until its record changes."""
-        if rec is None or rec.status is ModelStatus.FAILED:
+        if rec is None or rec.status in ENDED:
             await self._remove_app(model_id)
             return None
         if rec.status is ModelStatus.DELETING:
+            await self._drain(rec)
             await self._remove_app(model_id)
             await self._ask("deleted", rec, version=rec.version)
             return None
+        if rec.status is ModelStatus.SLEEPING:
+            return await self._sleeping(rec)
+        if rec.status is ModelStatus.WAKING and not rec.resident:
+            return await self._wake(rec)
         if rec.status in STARTING:
             return await self._starting(rec)
         if rec.status is ModelStatus.DEGRADED:
@@ -140,6 +153,68 @@ class Reconciler:
             await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
             log.info("removed the app of %s", model_id)
 
+    async def _drain(self, rec: ModelRecord) -> None:
+        """Wait until no request is in flight in the model's engines, at most HIVE_DRAIN_GRACE_S
+        (routers hold or refuse new ones from the moment the record left serving)."""
+        state = await self._app_state(rec.model_id)
+        if not rec.resident or not any(names.is_engine_deployment(d) for d in state.deployments):
+            return
+        deadline = time.time() + self.settings.drain_grace_s
+        while True:
+            act = await self.lifecycle.read(rec, time.time())
+            if act is None or act.in_flight == 0:
+                return
+            if time.time() >= deadline:
+                log.warning("%s: %d requests still in flight after the drain grace (HIVE_DRAIN_GRACE_S=%g)",
+                            rec.model_id, act.in_flight, self.settings.drain_grace_s)
+                return
+            await asyncio.sleep(POLL_S)
+
+    async def _sleeping(self, rec: ModelRecord) -> float | None:
+        """Drain, then park: the app keeps its router (route, held requests) and loses its engines."""
+        if not rec.resident:
+            return None  # parked: a request wakes it, the lifecycle loop may destroy it
+        await self._drain(rec)
+        now = await self.registry.get_model.remote(rec.model_id)
+        if now is None or now.status is not ModelStatus.SLEEPING:
+            return 0.0  # woken or deleted while it drained: decide again
+        await self._park_app(rec)
+        await self._ask("parked", rec)
+        return None
+
+    async def _park_app(self, rec: ModelRecord) -> None:
+        parked = rec.plan.model_copy(update={"replicas": []})
+        await off_loop(self.cluster.run_model_app, rec.model_id, parked, rec.spec.max_queued_requests,
+                       {}, timeout=SERVE_TIMEOUT_S)
+        log.info("%s parked: engines removed, router kept", rec.model_id)
+
+    async def _wake(self, rec: ModelRecord) -> float | None:
+        """A parked model must run again: plan it where there is room, making room if need be."""
+        waited = time.time() - (rec.wake_requested_at or time.time())
+        if waited > self.settings.hold_timeout_s:
+            await self._ask("wake_failed", rec, version=rec.version,
+                            reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
+            return 0.0
+        room = await self.lifecycle.make_room(rec.spec)
+        if room.plan is None:
+            if room.evicting:
+                for model_id in room.evicting:
+                    self.ensure(model_id)
+                message = f"waking: waiting for {', '.join(room.evicting)} to go to sleep to make room"
+            elif room.retry_at is not None:
+                message = f"waking: {room.error}; trying again in {room.retry_at - time.time():.0f}s"
+            else:
+                await self._ask("wake_failed", rec, version=rec.version, reason=room.error)
+                return 0.0
+            if rec.message != message:
+                await self._ask("note", rec, version=rec.version, message=message)
+            return POLL_S if room.retry_at is None else max(POLL_S, room.retry_at - time.time())
+        reservations = [Reservation.for_replica(rec.model_id, rp) for rp in room.plan.replicas]
+        await self._ask("placed", rec, version=rec.version, plan=room.plan, reservations=reservations,
+                        placement_s=time.time() - (rec.wake_requested_at or time.time()),
+                        evicted=sorted(set(rec.wake_evicted) | set(room.evicting)))
+        return 0.0
+
     async def _app_state(self, model_id: str) -> AppState:
         states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
         return states.get(names.model_app(model_id), MISSING)
@@ -151,12 +226,16 @@ class Reconciler:
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
         live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
-        if rec.status is ModelStatus.DEPLOYING and not live:
-            await self._ask("fail", rec, version=rec.version,
-                            reason="every replica's node died during the deploy: " + ", ".join(sorted(rec.lost_replicas)))
+        fresh = rec.status is not ModelStatus.HEALING  # every live replica starts (deploy, wake)
+        if fresh and not live:
+            await self._fail(rec, "every replica's node died during the " + ("deploy: " if rec.status is ModelStatus.DEPLOYING else "wake: ") + ", ".join(sorted(rec.lost_replicas)))
             return 0.0
-        watched = live if rec.status is ModelStatus.DEPLOYING else rec.healing_replicas
+        watched = live if fresh else rec.healing_replicas
         state = await self._app_state(rec.model_id)
+        if rec.status is ModelStatus.WAKING and not any(names.is_engine_deployment(d) for d in state.deployments) \
+                and time.time() - rec.applied_at >= self.apply_grace_s:
+            await self._ask("parked", rec)  # it parked before the wake was seen: place it again
+            return 0.0
         if state.status == "MISSING":  # removed behind our back: build it again
             await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
                            rec.placed_at, timeout=SERVE_TIMEOUT_S)
@@ -165,8 +244,11 @@ class Reconciler:
         if all(state.deployments.get(d) == HEALTHY for d in deployments):
             infos = await self._engine_infos(rec, watched)
             if all(info is not None for info in infos.values()):
-                times = {k: round(i["engine_start_s"], 2) for k, i in infos.items() if i.get("engine_start_s") is not None}
-                await self._ask("started", rec, version=rec.version, engine_start_s=times)
+                def times(key: str) -> dict[str, float]:
+                    return {k: round(i[key], 3) for k, i in infos.items() if i.get(key) is not None}
+
+                await self._ask("started", rec, version=rec.version, engine_start_s=times("engine_start_s"),
+                                warm_up_s=times("warm_up_s"))
                 return 0.0  # degraded models go on to heal
         # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
         settled = time.time() - rec.applied_at >= self.apply_grace_s
@@ -180,11 +262,14 @@ class Reconciler:
                   f"not ready within {self.settings.deploy_timeout_s:.0f}s (HIVE_DEPLOY_TIMEOUT_S); "
                   f"last status {state.status}: {detail}")
         log.warning("%s of %s failed: %s", rec.status.value, rec.model_id, reason)
-        if rec.status is ModelStatus.DEPLOYING:
-            await self._ask("fail", rec, version=rec.version, reason=reason)
-        else:
-            await self._ask("heal_failed", rec, version=rec.version, reason=reason)
+        await self._fail(rec, reason)
         return 0.0
+
+    async def _fail(self, rec: ModelRecord, reason: str) -> None:
+        name = {ModelStatus.DEPLOYING: "fail", ModelStatus.WAKING: "wake_failed"}.get(rec.status, "heal_failed")
+        if name == "wake_failed":
+            await self._park_app(rec)  # nothing of the failed start stays
+        await self._ask(name, rec, version=rec.version, reason=reason)
 
     async def _engine_infos(self, rec: ModelRecord, indices: list[int]) -> dict[str, dict | None]:
         """Each engine's own account of itself, or None where the replica that answers is not

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from hive_apps import names
 
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
-from hive_apps.registry.records import ModelRecord, ModelStatus
+from hive_apps.registry.records import ModelRecord, ModelStatus, SleepMode, WakeReport
 
 
 class ReplicaStatus(BaseModel):
@@ -36,6 +36,11 @@ class ModelStatusResponse(BaseModel):
     created_at: float
     ready_at: float | None = None
     deploy_seconds: float | None = None
+    resident: bool = True  # its replicas hold memory (False while parked)
+    sleep_mode: SleepMode | None = None  # how it sleeps, while sleeping or waking
+    sleep_reason: str = ""
+    last_request_at: float | None = None  # as last reported when it went to sleep
+    last_wake: WakeReport | None = None  # how the last wake went: placement, engine start, warm-up
 
     @classmethod
     def of(cls, rec: ModelRecord) -> "ModelStatusResponse":
@@ -61,6 +66,11 @@ class ModelStatusResponse(BaseModel):
             created_at=rec.created_at,
             ready_at=rec.ready_at,
             deploy_seconds=round(rec.ready_at - rec.created_at, 2) if rec.ready_at else None,
+            resident=rec.resident,
+            sleep_mode=rec.sleep_mode,
+            sleep_reason=rec.sleep_reason,
+            last_request_at=rec.last_request_at,
+            last_wake=rec.last_wake,
         )
 
 

@@ -49,6 +49,16 @@ def restore_node_environment() -> list[str]:
 WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
 
 
+async def _collect(items: AsyncIterator[ResponseStart | bytes]) -> tuple[ResponseStart, bytes]:
+    start, chunks = ResponseStart(status=500), []
+    async for item in items:
+        if isinstance(item, ResponseStart):
+            start = item
+        else:
+            chunks.append(item)
+    return start, b"".join(chunks)
+
+
 class EngineStartError(RuntimeError):
     """The engine came up but could not answer its first request."""
 
@@ -61,6 +71,8 @@ class EngineBase:
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.requests_total = 0
+        self.last_request_at: float | None = None
         self.http: RunningServer | None = None
 
     async def start_http(self) -> None:
@@ -69,7 +81,15 @@ class EngineBase:
             self.http = await start_http_server(self.app, self._count_request, self.load)
 
     def _count_request(self, delta: int) -> None:
+        """A request came (+1) or finished (-1): both move the idle clock the lifecycle reads."""
         self.in_flight += delta
+        self.requests_total += max(0, delta)
+        self.last_request_at = time.time()
+
+    def activity(self) -> dict[str, Any]:
+        """The ``EngineLoad`` fields every engine reports the same way."""
+        return {"in_flight": self.in_flight, "requests_total": self.requests_total,
+                "last_request_at": self.last_request_at}
 
     def endpoint(self) -> EngineEndpoint | None:
         return self.http.endpoint if self.http else None
@@ -80,27 +100,21 @@ class EngineBase:
             raise RuntimeError("the engine's HTTP server stopped")
 
     async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
-        self.in_flight += 1
+        self._count_request(1)
         try:
             async for item in call_asgi(self.app, req):
                 yield item
         finally:
-            self.in_flight -= 1
+            self._count_request(-1)
 
     async def forward_unary(self, req: ForwardedRequest) -> tuple[ResponseStart, bytes]:
         """The whole reply in one piece: a unary Serve call costs less than a streaming one."""
-        start, chunks = ResponseStart(status=500), []
-        async for item in self.forward(req):
-            if isinstance(item, ResponseStart):
-                start = item
-            else:
-                chunks.append(item)
-        return start, b"".join(chunks)
+        return await _collect(self.forward(req))
 
     async def call_json(self, path: str, body: dict) -> tuple[int, Any]:
-        """One non-streaming request, for warm-up and health checks."""
+        """One non-streaming request of the hive's own (warm-up): not counted as a user's request."""
         req = ForwardedRequest(path=path, body=json.dumps(body).encode(), headers=[("content-type", "application/json")])
-        start, raw = await self.forward_unary(req)
+        start, raw = await _collect(call_asgi(self.app, req))
         status = start.status
         try:
             return status, json.loads(raw) if raw else None

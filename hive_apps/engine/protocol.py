@@ -43,6 +43,8 @@ class EngineLoad(BaseModel):
     in_flight: int = 0  # requests inside this replica's forward() right now
     max_num_seqs: int = 1
     updated_at: float = 0.0
+    requests_total: int = 0  # requests taken since the engine started (warm-up, health and load polls not counted)
+    last_request_at: float | None = None  # wall time a request last came or finished (the lifecycle's idle clock)
 
 
 async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:

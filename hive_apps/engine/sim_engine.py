@@ -91,6 +91,7 @@ class SimEngine(EngineBase):
         self.running = 0
         self.waiting = 0
         self.app = self._build_app()
+        self.warm_up_s = await self.warm_up()
         await self.start_http()
 
     async def _start(self, kw: dict) -> None:
@@ -104,11 +105,12 @@ class SimEngine(EngineBase):
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended,
+                "engine_start_s": self.start_ended - self.start_began, "warm_up_s": self.warm_up_s,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # the pin it was started with
 
     def load(self) -> EngineLoad:
         return EngineLoad(
-            running=self.running, waiting=self.waiting, in_flight=self.in_flight,
+            running=self.running, waiting=self.waiting, **self.activity(),
             max_num_seqs=self.replica.settings.max_num_seqs, updated_at=time.time(),
             kv_cache_usage=self.running / self.replica.settings.max_num_seqs,
         )

@@ -129,7 +129,7 @@ class VLLMEngine(EngineBase):
             running=self.tracker.running,
             waiting=self.tracker.waiting,
             kv_cache_usage=self.tracker.kv_cache_usage,
-            in_flight=self.in_flight,
+            **self.activity(),
             max_num_seqs=self.replica.settings.max_num_seqs,
             updated_at=self.tracker.updated_at,
         )

@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response
 from hive_apps import names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
-from hive_apps.registry.records import SERVING, ModelRecord
+from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
+from hive_apps.routing.hold import WakeHold, gone_message
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
-from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
+from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond_for, too_large
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
@@ -36,20 +37,23 @@ class Gateway:
     def __init__(self):
         self.settings = get_settings()
         warn_if_open(self.settings, names.GATEWAY_APP)
-        self._models: dict[str, ModelRecord] = {}
+        self._records: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas()
+        self._hold = WakeHold(self.settings)
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
     def _on_models(self, records: list[ModelRecord]) -> None:
-        self._models = {r.model_id: r for r in records if r.status in SERVING}
-        self._replicas.keep_only(set(self._models))
+        self._records = {r.model_id: r for r in records}
+        self._replicas.keep_only({r.model_id for r in records if r.status in SERVING})
+        self._hold.on_models(self._records)
         self._seen.set()
 
-    async def ready_models(self) -> dict[str, ModelRecord]:
+    async def listed_models(self) -> dict[str, ModelRecord]:
+        """Models a client may name: serving ones, and sleeping ones (a request wakes them)."""
         if not self._seen.is_set():
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
-        return self._models
+        return {k: r for k, r in self._records.items() if r.status in SERVING or r.status in DORMANT}
 
     async def __call__(self, request: Request) -> Response:
         reason = check_api_key(self.settings, request.headers.get("authorization"))
@@ -57,11 +61,11 @@ class Gateway:
             return openai_error(401, reason)
         path = request.url.path
         if is_models_list(request.method, path):
-            models = await self.ready_models()
+            models = await self.listed_models()
             return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]})
         wanted = model_object_id(request.method, path)
         if wanted is not None:
-            rec = (await self.ready_models()).get(wanted)
+            rec = (await self.listed_models()).get(wanted)
             if rec is None:
                 return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
             return JSONResponse(model_object(rec))
@@ -78,11 +82,12 @@ class Gateway:
         problem = body_problem(path.rstrip("/"), fields.body)
         if problem is not None:
             return openai_error(400, *problem)
-        models = await self.ready_models()
+        models = await self.listed_models()
         if fields.model not in models:
+            gone = gone_message(self._records.get(fields.model), fields.model)
             known = ", ".join(models) or "none yet"
-            return openai_error(404, f"The model `{fields.model}` does not exist or is not ready (ready models: {known}).", "model")
-        return await respond(self._replicas.of(models[fields.model]), req, fields)
+            return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).", "model")
+        return await respond_for(models[fields.model], self._replicas.of, self._hold, req, fields)
 
 
 def build(_: dict | None = None):

@@ -16,7 +16,13 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     heal_failed   healing                       degraded                admin: a replacement failed
     note          any                           (same)                  admin: a message, a back-off
     delete        any                           deleting                admin: DELETE /models/{id}
-    deleted       deleting                      (removed)               admin: the app is gone
+    deleted       deleting                      (removed) | destroyed   admin: the app is gone
+    sleep         ready | degraded              sleeping                admin: idle past sleep_timeout, or evicted
+    parked        sleeping | waking (resident)  (same), not resident    admin: engines drained and removed
+    wake          sleeping                      waking                  gateway, router: a request came
+    placed        waking (not resident)         waking, resident        admin: planned and room made
+    wake_failed   waking                        sleeping                admin: no room, or the engine failed
+    destroy       ready | degraded | sleeping   deleting (destroying)   admin: idle past idle_timeout
     node_lost     any                           degraded where serving  registry: a node died
     drift         any                           (same)                  registry: measured vs reserved
 """
@@ -28,14 +34,17 @@ from dataclasses import dataclass, field
 from hive_apps import names
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.registry.ledger import Ledger, ReservationError
+from hive_apps.planning.types import Plan
 from hive_apps.registry.records import (
-    HOLDING,
+    ENDED,
     SERVING,
     STARTING,
     ModelRecord,
     ModelStatus,
     Reservation,
     ReservationState,
+    SleepMode,
+    WakeReport,
 )
 
 HEAL_BACKOFF_BASE_S = 2.0
@@ -109,7 +118,7 @@ class ModelBook:
     def create(self, record: ModelRecord, reservations: list[Reservation], now: float) -> Change:
         """A new deploy: the id must be free (or hold a failed deploy) and every replica must fit."""
         existing = self.records.get(record.model_id)
-        if existing is not None and existing.status is not ModelStatus.FAILED:
+        if existing is not None and existing.status not in ENDED:
             raise TransitionError(f"model_id {record.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id")
         try:
@@ -128,21 +137,40 @@ class ModelBook:
         rec.applied_generation, rec.applied_at = generation, now
         return self._commit(rec)
 
-    def started(self, model_id: str, version: int, engine_start_s: dict[str, float], now: float) -> Change:
+    def started(self, model_id: str, version: int, now: float, engine_start_s: dict[str, float] | None = None,
+                warm_up_s: dict[str, float] | None = None) -> Change:
         """Every replica that should run is up: reservations become active."""
         rec = self._current(model_id, "started", version, STARTING)
         if rec.applied_generation != rec.plan_generation:
             raise TransitionError("started: the app was not built from the current plan yet")
+        if not rec.resident:
+            raise TransitionError("started: the model is parked; it must be placed first")
         if rec.status is ModelStatus.DEPLOYING:
             rec.ready_at = now
+        elif rec.status is ModelStatus.WAKING:
+            self._woke(rec, engine_start_s or {}, warm_up_s or {}, now)
         else:
             rec.heal_attempts, rec.next_heal_at = 0, 0.0
         self.ledger.activate(model_id)
-        rec.engine_start_s = {**rec.engine_start_s, **engine_start_s}
+        rec.engine_start_s = {**rec.engine_start_s, **(engine_start_s or {})}
+        rec.warm_up_s = {**rec.warm_up_s, **(warm_up_s or {})}
         rec.healing_replicas = []
         rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.message = rec.message if rec.lost_replicas else ""
         return self._commit(rec, saved=self.ledger.of_model(model_id))
+
+    @staticmethod
+    def _woke(rec: ModelRecord, engine_start_s: dict[str, float], warm_up_s: dict[str, float], now: float) -> None:
+        requested = rec.wake_requested_at or now
+        if rec.wake_placed:  # it was parked: record how the wake went
+            rec.last_wake = WakeReport(
+                how=rec.sleep_mode or SleepMode.PARKED, requested_at=requested, ready_at=now,
+                placement_s=round(rec.wake_placement_s, 3),
+                engine_start_s=max(engine_start_s.values(), default=None),
+                warm_up_s=max(warm_up_s.values(), default=None),
+                total_s=round(now - requested, 3), evicted=rec.wake_evicted)
+        rec.woke_at = now
+        rec.sleep_mode, rec.slept_at, rec.sleep_reason, rec.wake_placed = None, None, "", False
 
     def fail(self, model_id: str, version: int, reason: str) -> Change:
         """A deploy that cannot start: nothing stays reserved; the record says why."""
@@ -198,17 +226,93 @@ class ModelBook:
     def delete(self, model_id: str) -> Change:
         """Delete wins over anything in flight: no version check; deleting twice is one delete."""
         rec = self._current(model_id, "delete", None, ANY)
-        if rec.status is ModelStatus.DELETING:
+        if rec.status is ModelStatus.DELETING and not rec.destroy_reason:
             return Change(model_id, rec)
-        rec.status, rec.message = ModelStatus.DELETING, "removing the app, then its reservations"
+        rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "removing the app, then its reservations", ""
         return self._commit(rec)
 
     def deleted(self, model_id: str, version: int) -> Change:
-        self._current(model_id, "deleted", version, (ModelStatus.DELETING,))
+        rec = self._current(model_id, "deleted", version, (ModelStatus.DELETING,))
         forgotten = [r.key for r in self.ledger.release(model_id)]
+        if rec.destroy_reason:  # destroyed for idleness: the record stays to tell later requests
+            rec.status, rec.message, rec.resident = ModelStatus.DESTROYED, rec.destroy_reason, False
+            rec.sleep_mode = None
+            change = self._commit(rec, forgotten=forgotten)
+            return change
         del self.records[model_id]
         self.version += 1
         return Change(model_id, None, forgotten=forgotten)
+
+    # --- lifecycle (``hive_apps/lifecycle.py`` decides; these record) --------------------------
+    def sleep(self, model_id: str, version: int, reason: str, now: float, last_request_at: float | None = None) -> Change:
+        """Start putting a serving model to sleep: routers hold new requests from now on."""
+        rec = self._current(model_id, "sleep", version, (ModelStatus.READY, ModelStatus.DEGRADED))
+        if not rec.spec.can_sleep:
+            raise TransitionError(f"sleep: {model_id!r} has no sleep_timeout", 422)
+        rec.status, rec.sleep_mode, rec.slept_at, rec.sleep_reason = ModelStatus.SLEEPING, SleepMode.PARKED, now, reason
+        rec.last_request_at = last_request_at if last_request_at is not None else rec.last_request_at
+        rec.wake_failed_at, rec.message = None, f"going to sleep ({reason}): draining, then parking"
+        return self._commit(rec)
+
+    def parked(self, model_id: str, now: float) -> Change:
+        """Its engines are gone: release what they held. Idempotent."""
+        rec = self._current(model_id, "parked", None, (ModelStatus.SLEEPING, ModelStatus.WAKING))
+        if not rec.resident:
+            return Change(model_id, rec)
+        forgotten = [r.key for r in self.ledger.release(model_id)]
+        rec.resident, rec.lost_replicas, rec.healing_replicas, rec.drift = False, {}, [], {}
+        if rec.status is ModelStatus.SLEEPING:
+            rec.message = f"sleeping (parked since {now:.0f}): {rec.sleep_reason}; the next request wakes it"
+        return self._commit(rec, forgotten=forgotten)
+
+    def wake(self, model_id: str, now: float) -> Change:
+        """A request came for a sleeping model. Idempotent: waking or serving models stay as they are."""
+        rec = self.records.get(model_id)
+        if rec is None:
+            raise TransitionError(f"wake: no model {model_id!r}", 404)
+        if rec.status is not ModelStatus.SLEEPING:
+            if rec.status in (*SERVING, ModelStatus.WAKING, ModelStatus.DEPLOYING):
+                return Change(model_id, rec.model_copy(deep=True))
+            raise TransitionError(f"wake: {model_id!r} is {rec.status.value}: {rec.message}")
+        rec = rec.model_copy(deep=True)
+        rec.status, rec.wake_requested_at, rec.starting_since = ModelStatus.WAKING, now, now
+        rec.wake_evicted, rec.wake_placement_s, rec.wake_failed_at, rec.wake_placed = [], 0.0, None, False
+        rec.message = "waking: placing its replicas" if not rec.resident else "waking: it had not parked yet"
+        return self._commit(rec)
+
+    def placed(self, model_id: str, version: int, plan: Plan, reservations: list[Reservation],
+               placement_s: float, evicted: list[str], now: float) -> Change:
+        """A parked model that wakes has a new plan and holds its memory again."""
+        rec = self._current(model_id, "placed", version, (ModelStatus.WAKING,))
+        if rec.resident:
+            raise TransitionError(f"placed: {model_id!r} still holds its memory (not parked)")
+        try:
+            self.ledger.reserve(reservations)
+        except ReservationError as e:
+            raise TransitionError(e.message, e.status_code) from None
+        rec.plan, rec.plan_generation = plan, rec.plan_generation + 1
+        rec.placed_at = {rp.index: rec.plan_generation for rp in plan.replicas}
+        rec.resident, rec.wake_placed, rec.starting_since = True, True, now
+        rec.wake_placement_s, rec.wake_evicted = placement_s, list(evicted)
+        rec.message = "waking: starting " + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}"
+                                                     for rp in plan.replicas)
+        return self._commit(rec, saved=[r.model_copy() for r in reservations])
+
+    def wake_failed(self, model_id: str, version: int, reason: str, now: float) -> Change:
+        """No room, or its engine did not start: back to sleep, holding nothing; held requests get 503."""
+        rec = self._current(model_id, "wake_failed", version, (ModelStatus.WAKING,))
+        forgotten = [r.key for r in self.ledger.release(model_id)]
+        rec.status, rec.resident, rec.wake_failed_at, rec.wake_placed = ModelStatus.SLEEPING, False, now, False
+        rec.sleep_mode = rec.sleep_mode or SleepMode.PARKED
+        rec.message = f"sleeping; the last wake failed: {reason}"
+        return self._commit(rec, forgotten=forgotten)
+
+    def destroy(self, model_id: str, version: int, reason: str) -> Change:
+        """Remove an idle model's apps and memory but keep its record, so requests learn why."""
+        rec = self._current(model_id, "destroy", version, (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.SLEEPING))
+        rec.status, rec.destroy_reason = ModelStatus.DELETING, reason
+        rec.message = f"destroying: {reason}"
+        return self._commit(rec)
 
     # --- transitions the registry makes itself --------------------------------------------------
     def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> list[Change]:
@@ -259,13 +363,13 @@ class ModelBook:
         except lost ones; active where the engine is up (left pending, they would expire)."""
         self.ledger.reservations.clear()
         for rec in self.records.values():
-            if rec.status not in HOLDING:
+            if not rec.holds_memory:
                 continue
             for rp in rec.plan.replicas:
                 if names.replica_label(rp.index) in rec.lost_replicas:
                     continue
                 r = Reservation.for_replica(rec.model_id, rp, measured.get(names.replica_key(rec.model_id, rp.index)))
-                if rec.status in SERVING and rp.index not in rec.healing_replicas:
+                if (rec.status in SERVING or rec.status is ModelStatus.SLEEPING) and rp.index not in rec.healing_replicas:
                     r.state = ReservationState.ACTIVE
                 self.ledger.reservations[r.key] = r
         self.version += 1

@@ -23,7 +23,8 @@ from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
-from hive_apps.registry.records import ModelRecord, Reservation
+from hive_apps import names
+from hive_apps.registry.records import DORMANT, ModelRecord, Reservation
 from hive_apps.registry.samples import sample_problems
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import HiveSettings, get_settings
@@ -58,7 +59,9 @@ class StartLockState(BaseModel):
 
 
 # transitions the registry's callers may ask for, and the ModelBook method of each
-ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted"}
+ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted",
+         "sleep", "parked", "wake", "placed", "wake_failed", "destroy"}
+NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "parked", "wake", "placed", "wake_failed"}
 
 
 class Registry:
@@ -190,8 +193,17 @@ class Registry:
         return self.ledger.capacities()
 
     async def device_states(self) -> list[DeviceState]:
+        """Each device: what is resident (reserved), and what sleeping models would need back (dormant)."""
         await self._ready()
-        return self.ledger.states()
+        states = {s.device.id: s for s in self.ledger.states()}
+        for rec in self.book.records.values():
+            if rec.status in DORMANT and not rec.resident:
+                for rp in rec.plan.replicas:
+                    for dev in rp.devices:
+                        if dev in states:
+                            states[dev].dormant_bytes += rp.reservation_bytes
+                            states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
+        return list(states.values())
 
     # --- model records: read, wait, transition ---------------------------------------------
     async def get_model(self, model_id: str) -> ModelRecord | None:
@@ -217,24 +229,18 @@ class Registry:
         """Apply one named transition (``registry/control.py`` lists them)."""
         if name not in ASKED:
             return Outcome(ok=False, status_code=400, message=f"unknown transition {name!r}")
-        if name in ("create", "heal"):
+        if name in ("create", "heal", "placed"):
             await self._ready()
-        now = time.time()
+        if name in NOW:
+            kwargs["now"] = time.time()
         try:
             if name == "create":
-                change = self.book.create(kwargs["record"], kwargs["reservations"], now)
-            elif name == "applied":
-                change = self.book.applied(model_id, kwargs["version"], kwargs["generation"], now)
-            elif name == "started":
-                change = self.book.started(model_id, kwargs["version"], kwargs.get("engine_start_s", {}), now)
+                change = self.book.create(kwargs["record"], kwargs["reservations"], kwargs["now"])
             elif name == "heal":
-                replacements = [ReplicaPlan.model_validate(rp) for rp in kwargs["replacements"]]
-                change = self.book.heal(model_id, kwargs["version"], replacements, now)
+                kwargs["replacements"] = [ReplicaPlan.model_validate(rp) for rp in kwargs["replacements"]]
+                change = self.book.heal(model_id, **kwargs)
             elif name == "heal_failed":
-                change = self.book.heal_failed(model_id, kwargs["version"], kwargs["reason"], now,
-                                               self.settings.heal_backoff_max_s)
-            elif name == "delete":
-                change = self.book.delete(model_id)
+                change = self.book.heal_failed(model_id, **kwargs, backoff_cap_s=self.settings.heal_backoff_max_s)
             else:
                 change = getattr(self.book, name)(model_id, **kwargs)
         except TransitionError as e:

@@ -42,6 +42,9 @@ class DeviceState(BaseModel):
     foreign_bytes: int
     available_bytes: int
     replicas: list[str]
+    # models asleep (parked) whose last plan put a replica here: what waking them all would need
+    dormant_bytes: int = 0
+    dormant: list[str] = []
 
 
 class NodeState(BaseModel):

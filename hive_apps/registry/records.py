@@ -62,11 +62,33 @@ class ModelStatus(str, Enum):
     HEALING = "healing"  # serving while replacements for lost replicas start
     FAILED = "failed"
     DELETING = "deleting"
+    SLEEPING = "sleeping"  # draining, or parked: no engine, no reservation; a request wakes it
+    WAKING = "waking"  # placing and starting its engines again; requests wait
+    DESTROYED = "destroyed"  # removed for idleness; the record stays to say so
 
 
 SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING)
-STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING)
-HOLDING = (ModelStatus.DEPLOYING, *SERVING)  # statuses whose replicas hold reservations
+STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING, ModelStatus.WAKING)
+DORMANT = (ModelStatus.SLEEPING, ModelStatus.WAKING)  # requests are held until it serves
+ENDED = (ModelStatus.FAILED, ModelStatus.DESTROYED)  # a new deploy may take the id
+HOLDING = (ModelStatus.DEPLOYING, *SERVING, *DORMANT)  # statuses whose replicas hold reservations while resident
+
+
+class SleepMode(str, Enum):
+    PARKED = "parked"  # engine deployment removed, reservation released (vLLM sleep mode not available)
+
+
+class WakeReport(BaseModel):
+    """How the last wake went, for the model's status."""
+
+    how: SleepMode
+    requested_at: float
+    ready_at: float
+    placement_s: float  # planning, making room and reserving
+    engine_start_s: float | None = None  # the slowest replica's own engine start
+    warm_up_s: float | None = None  # its one-token warm-up
+    total_s: float  # from the first held request to serving
+    evicted: list[str] = Field(default_factory=list)  # models put to sleep to make room
 
 
 class ModelRecord(BaseModel):
@@ -93,3 +115,26 @@ class ModelRecord(BaseModel):
     drift: dict[str, str] = Field(default_factory=dict)  # "r0" -> measured vs reserved, when off by > 5 %
     healing_replicas: list[int] = Field(default_factory=list)  # replacements being started
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start
+    warm_up_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> its first request
+    # --- lifecycle (``hive_apps/lifecycle.py``) ---
+    resident: bool = True  # its plan's replicas hold reservations (False once parked)
+    sleep_mode: SleepMode | None = None  # how it sleeps (set while sleeping or waking)
+    slept_at: float | None = None
+    sleep_reason: str = ""
+    last_request_at: float | None = None  # as the engines last reported it (kept while parked)
+    wake_requested_at: float | None = None
+    wake_placement_s: float = 0.0
+    wake_evicted: list[str] = Field(default_factory=list)
+    wake_placed: bool = False  # this wake has its plan and reservations
+    wake_failed_at: float | None = None  # a wake that could not place or start: held requests get 503
+    last_wake: WakeReport | None = None
+    woke_at: float | None = None  # when it last became ready after sleeping (minimum residency)
+    destroy_reason: str = ""  # set while an idle model is removed; then status is destroyed
+
+    @property
+    def resident_since(self) -> float:
+        return self.woke_at or self.ready_at or self.created_at
+
+    @property
+    def holds_memory(self) -> bool:
+        return self.resident and self.status in HOLDING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.requests import Request
@@ -12,6 +13,8 @@ from starlette.responses import Response, StreamingResponse
 
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
+from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
+from hive_apps.routing.hold import HoldRefused, WakeHold, gone_message, held_stream
 
 if TYPE_CHECKING:
     from hive_apps.routing.replica_set import ReplicaSet
@@ -65,6 +68,24 @@ async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFie
         return await to_response(replicas.stream(req))
     start, body = await replicas.call(req, fields.body)
     return Response(body, status_code=start.status, headers=_passed_headers(start), media_type=start.content_type)
+
+
+async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], "ReplicaSet"], hold: WakeHold,
+                      req: ForwardedRequest, fields: BodyFields) -> Response:
+    """Answer for a model in any state: served now, held while it wakes, or refused with why."""
+    if rec.status in SERVING:
+        return await respond(replicas_of(rec), req, fields)
+    gone = gone_message(rec, rec.model_id)
+    if gone or rec.status not in DORMANT:
+        return openai_error(404, gone or f"The model `{rec.model_id}` is {rec.status.value} and not ready yet.", "model")
+    if fields.stream:
+        return await held_stream(hold, rec.model_id, hold.settings.hold_keepalive_s,
+                                 lambda woke: replicas_of(woke).stream(req))
+    try:
+        woke = await hold.wait(rec.model_id)
+    except HoldRefused as e:
+        return e.response
+    return await respond(replicas_of(woke), req, fields)
 
 
 def _passed_headers(start: ResponseStart) -> dict[str, str]:

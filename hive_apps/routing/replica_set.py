@@ -60,7 +60,7 @@ def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
     """The model's queue bound: as asked, else one more full batch of its largest replica."""
     if max_queued_requests is not None:
         return max_queued_requests
-    return max(rp.settings.max_num_seqs for rp in plan.replicas)
+    return max((rp.settings.max_num_seqs for rp in plan.replicas), default=0)
 
 
 class ReplicaSet:

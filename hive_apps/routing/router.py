@@ -20,9 +20,10 @@ from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
-from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, too_large
-from hive_apps.registry.records import SERVING, ModelRecord
+from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, respond_for, too_large
+from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
+from hive_apps.routing.hold import WakeHold
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 
@@ -31,19 +32,28 @@ class Router:
     def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.settings = get_settings()
         self.model_id = model_id
-        self.record: ModelRecord | None = None
-        first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
-        first.start()
-        self.replicas = first
+        self.record: ModelRecord | None = None  # the model's record, in whatever state
         self._sets = ModelReplicas()
-        self._sets.adopt(model_id, replicas, first)
+        self.replicas: ReplicaSet | None = None
+        if replicas:  # a parked model's app has its router only
+            first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
+            first.start()
+            self.replicas = first
+            self._sets.adopt(model_id, replicas, first)
+        self._hold = WakeHold(self.settings)
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
     def _on_models(self, records: list[ModelRecord]) -> None:
         rec = next((r for r in records if r.model_id == self.model_id), None)
-        if rec is not None and rec.status in SERVING:
-            self.record = rec
+        self._hold.on_models({rec.model_id: rec} if rec is not None else {})
+        if rec is None:
+            return
+        self.record = rec
+        if rec.status in SERVING:
             self.replicas = self._sets.of(rec)
+        else:
+            self._sets.keep_only(set())
+            self.replicas = None
 
     async def __call__(self, request: Request) -> Response:
         """HTTP entry at /<model_id>/...: the path below the prefix goes to the engine as is."""
@@ -55,7 +65,7 @@ class Router:
         path = path or "/"
         wanted = model_object_id(request.method, path)
         if wanted is not None:
-            if wanted != self.model_id or self.record is None:
+            if wanted != self.model_id or self.record is None or not (self.record.status in SERVING or self.record.status in DORMANT):
                 return openai_error(404, f"The model `{wanted}` does not exist here; this route serves `{self.model_id}`.", "model")
             return JSONResponse(model_object(self.record))
         if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
@@ -69,7 +79,12 @@ class Router:
             problem = body_problem(path.rstrip("/"), fields.body)
             if problem is not None:
                 return openai_error(400, *problem)
-        return await respond(self.replicas, req, fields)
+        rec = self.record
+        if rec is None:  # the first view of the registry has not come yet: the engines it was built with
+            if self.replicas is None:
+                return openai_error(503, f"model '{self.model_id}' is starting; retry shortly", headers={"retry-after": "1"})
+            return await respond(self.replicas, req, fields)
+        return await respond_for(rec, self._sets.of, self._hold, req, fields)
 
 
 def router_deployment():

@@ -10,10 +10,12 @@ from __future__ import annotations
 import inspect
 import pickle
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from hive_apps import names
 from hive_apps.cluster import AppState, NodeInfo
+from hive_apps.engine.protocol import EngineLoad
 from hive_apps.planning.deployment import plan_or_error
 from hive_apps.planning.types import Plan
 from hive_apps.registry.devices import NodeSample
@@ -66,11 +68,14 @@ class FakeApp:
 
 
 class FakeEngine:
-    def __init__(self, devices: list[str], start_s: float):
-        self.devices, self.start_s = devices, start_s
+    def __init__(self, devices: list[str], start_s: float, load: Callable[[], EngineLoad]):
+        self.devices, self.start_s, self._load = devices, start_s, load
 
     def info(self) -> dict:
-        return {"devices": self.devices, "engine_start_s": self.start_s}
+        return {"devices": self.devices, "engine_start_s": self.start_s, "warm_up_s": 0.25}
+
+    def load(self) -> EngineLoad:
+        return self._load()
 
 
 class FakeCluster:
@@ -85,6 +90,7 @@ class FakeCluster:
         self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner())}
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
         self.deleted: list[str] = []
+        self.loads: dict[str, EngineLoad] = {}  # model id -> what each of its engines reports
 
     # --- test controls ---------------------------------------------------------------------
     def add_node(self, name: str, gpus: str, node_id: str | None = None) -> str:
@@ -133,7 +139,7 @@ class FakeCluster:
 
     def engine_handle(self, model_id: str, index: int) -> Any:
         rp = next(rp for rp in self.apps[model_id].plan.replicas if rp.index == index)
-        return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index))
+        return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index, load=lambda: self.loads.get(model_id, EngineLoad())))
 
     # --- nodes --------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:

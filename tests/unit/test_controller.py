@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hive_apps import names
+from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import POLL_S, Reconciler
 from hive_apps.cluster import set_cluster
 from hive_apps.registry.deployment import Registry
@@ -29,7 +30,7 @@ class Hive:
     def __init__(self, cluster: FakeCluster):
         self.cluster = cluster
         set_cluster(cluster)
-        self.reconciler = Reconciler(cluster, SETTINGS, apply_grace_s=0)
+        self.reconciler = Reconciler(cluster, SETTINGS, Lifecycle(cluster, SETTINGS), apply_grace_s=0)
 
     async def start_registry(self) -> Registry:
         """A registry replica: a new one reads everything back from the KV."""
@@ -244,7 +245,7 @@ async def test_node_lost_during_delete(hive):
 async def test_admin_restart_mid_deploy_and_mid_heal(hive):
     await hive.deploy("m", replicas=2)
     await hive.step("m")  # app built; then this admin dies
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=0)
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=0)
     rec = await hive.settle("m")
     assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 1
 
@@ -252,7 +253,7 @@ async def test_admin_restart_mid_deploy_and_mid_heal(hive):
     await hive.sample()
     await hive.step("m")  # heal placed; the admin dies before building the app
     assert (await hive.registry.get_model("m")).status is ModelStatus.HEALING
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=0)
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=0)
     rec = await hive.settle("m")
     assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 2
 
@@ -352,7 +353,7 @@ async def test_corrupt_stored_record_is_quarantined(hive):
 
 async def test_a_rebuild_is_not_judged_on_serve_status_from_before_it(hive):
     """Serve's status lags a rebuild: a broken status right after building is not yet a failure."""
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, apply_grace_s=3)
+    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=3)
     hive.cluster.start_mode["m"] = "fail"
     await hive.deploy("m", gpu="node-a:gpu0")
     await hive.step("m")  # built

@@ -67,16 +67,23 @@ def test_model_id_must_match_in_full():
             ModelSpec(model_id=bad, model="x")
 
 
-def test_lifecycle_timeouts_are_refused_until_built():
+def test_lifecycle_fields_must_agree():
     import pytest
     from pydantic import ValidationError
 
     from hive_apps.spec import ModelSpec
 
-    for field in ("sleep_timeout", "idle_timeout"):
-        with pytest.raises(ValidationError, match=f"{field} is not supported yet"):
-            ModelSpec(model_id="m", model="x", **{field: 60})
-    assert ModelSpec(model_id="m", model="x").sleep_timeout is None
+    with pytest.raises(ValidationError, match="idle_timeout=60 must be greater than sleep_timeout=60"):
+        ModelSpec(model_id="m", model="x", sleep_timeout=60, idle_timeout=60)
+    for field, value in (("priority", 3), ("keep_resident", True)):
+        with pytest.raises(ValidationError, match=f"{field} only orders or prevents evictions"):
+            ModelSpec(model_id="m", model="x", **{field: value})
+    for bad in (0, -1):
+        with pytest.raises(ValidationError, match="sleep_timeout"):
+            ModelSpec(model_id="m", model="x", sleep_timeout=bad)
+    ok = ModelSpec(model_id="m", model="x", sleep_timeout=30, idle_timeout=600, priority=2, keep_resident=True)
+    assert ok.can_sleep and ok.priority == 2
+    assert ModelSpec(model_id="m", model="x", idle_timeout=600).can_sleep is False  # destroyed, never slept
 
 
 def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):

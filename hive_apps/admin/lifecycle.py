@@ -1,0 +1,198 @@
+"""The admin's lifecycle loop: reads what models that can sleep are doing, and asks the registry
+to put idle ones to sleep or destroy them; makes room for a model that must wake or deploy.
+
+The rules are pure (``hive_apps/lifecycle.py``); this is the shell that reads engines (their
+own ``load()``: requests taken, last request, in flight) and the registry, and asks for the
+transitions ``sleep``, ``destroy``. The reconciler then drains and parks (``admin/reconciler.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from hive_apps import names
+from hive_apps.cluster import Cluster
+from hive_apps.lifecycle import (
+    Activity,
+    Candidate,
+    choose_victims,
+    cold_start_estimate_s,
+    destroy_due,
+    eviction_order,
+    idle_since,
+    protection_ends,
+    sleep_due,
+    update_activity,
+)
+from hive_apps.planning.types import DeviceCapacity, Plan
+from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
+from hive_apps.settings import HiveSettings
+from hive_apps.spec import ModelSpec
+
+log = logging.getLogger("ray.serve")
+
+LOAD_TIMEOUT_S = 2.0
+
+
+class Room(BaseModel):
+    """The answer to "where can this model go": a plan, or the models being put to sleep for it
+    (try again once they are parked), or why nothing can be done now."""
+
+    plan: Plan | None = None
+    evicting: list[str] = []
+    retry_at: float | None = None  # a minimum residency ends then: try again
+    error: str = ""
+    status_code: int = 200
+
+
+class Lifecycle:
+    def __init__(self, cluster: Cluster, settings: HiveSettings):
+        self.cluster = cluster
+        self.settings = settings
+        self.activity: dict[str, Activity] = {}
+        self._handles: dict[tuple[str, int, int], Any] = {}
+
+    @property
+    def registry(self) -> Any:
+        return self.cluster.app_handle(names.REGISTRY_APP)
+
+    @property
+    def planner(self) -> Any:
+        return self.cluster.app_handle(names.PLANNER_APP)
+
+    # --- activity ---------------------------------------------------------------------
+    def _handle(self, rec: ModelRecord, index: int) -> Any:
+        key = (rec.model_id, index, rec.placed_at.get(index, 0))
+        if key not in self._handles:
+            self._handles[key] = self.cluster.engine_handle(rec.model_id, index)
+        return self._handles[key]
+
+    async def read(self, rec: ModelRecord, now: float) -> Activity | None:
+        """Sum the engines' own counts; None when some replica does not answer (no decision then)."""
+        live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        try:
+            loads = await asyncio.gather(*(asyncio.wait_for(self._handle(rec, i).load.remote(), LOAD_TIMEOUT_S)
+                                           for i in live))
+        except Exception as e:
+            log.info("activity of %s not readable now: %s", rec.model_id, e)
+            return None
+        in_flight = sum(max(ld.in_flight, ld.running + ld.waiting) for ld in loads)
+        last = max((ld.last_request_at for ld in loads if ld.last_request_at is not None), default=None)
+        act = update_activity(self.activity.get(rec.model_id), in_flight, sum(ld.requests_total for ld in loads), last, now)
+        self.activity[rec.model_id] = act
+        return act
+
+    def forget(self, keep: set[str]) -> None:
+        for model_id in set(self.activity) - keep:
+            del self.activity[model_id]
+        self._handles = {k: h for k, h in self._handles.items() if k[0] in keep}
+
+    # --- sleep and destroy --------------------------------------------------------------
+    async def tick(self, records: list[ModelRecord]) -> list[str]:
+        """One look at every model that has a timeout; the ids it asked transitions for."""
+        now, asked = time.time(), []
+        self.forget({r.model_id for r in records if r.status in SERVING and r.resident})
+        for rec in records:
+            spec = rec.spec
+            if spec.sleep_timeout is None and spec.idle_timeout is None:
+                continue
+            if rec.status in (ModelStatus.READY, ModelStatus.DEGRADED) and rec.resident:
+                act = await self.read(rec, now)
+                if act is None:
+                    continue
+                since = idle_since(act.last_request_at, rec.resident_since)
+                if destroy_due(spec.idle_timeout, since, act.in_flight, now):
+                    await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
+                    asked.append(rec.model_id)
+                elif sleep_due(spec.sleep_timeout, since, act.in_flight, now):
+                    await self._ask("sleep", rec, version=rec.version, last_request_at=since,
+                                    reason=f"no requests for {now - since:.0f}s (sleep_timeout {spec.sleep_timeout:g}s)")
+                    asked.append(rec.model_id)
+            elif rec.status is ModelStatus.SLEEPING and not rec.resident:
+                since = idle_since(rec.last_request_at, rec.resident_since)
+                if destroy_due(spec.idle_timeout, since, 0, now):
+                    await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
+                    asked.append(rec.model_id)
+        return asked
+
+    @staticmethod
+    def _idle_reason(spec: ModelSpec, since: float, now: float) -> str:
+        return (f"destroyed after {now - since:.0f}s without requests (idle_timeout {spec.idle_timeout:g}s); "
+                f"deploy it again with POST /admin/models")
+
+    async def _ask(self, name: str, rec: ModelRecord, **kwargs) -> Any:
+        outcome = await self.registry.transition.remote(name, rec.model_id, **kwargs)
+        if outcome.ok:
+            log.info("%s: %s", rec.model_id, outcome.record.message if outcome.record else name)
+        else:
+            log.info("%s of %s refused: %s", name, rec.model_id, outcome.message)
+        return outcome
+
+    # --- making room ----------------------------------------------------------------------
+    def _candidate(self, rec: ModelRecord) -> Candidate:
+        act = self.activity.get(rec.model_id) or Activity()
+        wake = rec.last_wake.total_s if rec.last_wake else cold_start_estimate_s(rec.plan.profile.weight_bytes)
+        return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, keep_resident=rec.spec.keep_resident,
+                         priority=rec.spec.priority, in_flight=act.in_flight, rate_per_s=act.rate_per_s,
+                         wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at)
+
+    async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int]) -> Any:
+        """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices."""
+        if freed:
+            devices = [d.model_copy(update={
+                "available_bytes": d.available_bytes + freed.get(d.device.id, 0),
+                "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
+        return await self.planner.plan.remote(spec, devices)
+
+    async def _held_by(self, model_ids: list[str]) -> dict[str, int]:
+        freed: dict[str, int] = {}
+        for model_id in model_ids:
+            for r in await self.registry.reservations.remote(model_id):
+                for dev in r.devices:
+                    freed[dev] = freed.get(dev, 0) + r.held_bytes
+        return freed
+
+    async def make_room(self, spec: ModelSpec) -> Room:
+        """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.
+
+        Models already draining count as freed: their memory is on its way back, so a retry
+        never evicts more than needed."""
+        now = time.time()
+        records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
+        devices = await self.registry.capacities.remote()
+        outcome = await self._plan_with(spec, devices, {})
+        if outcome.plan is not None:
+            return Room(plan=outcome.plan)
+        draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
+        base = await self._held_by(draining)
+        if base and (await self._plan_with(spec, devices, base)).plan is not None:
+            return Room(evicting=draining)  # it fits once those park: wait for them
+        resident = [r for r in records if r.status in SERVING and r.resident]
+        candidates = [self._candidate(r) for r in resident]
+        order, refused = eviction_order(candidates, now, self.settings.min_residency_s)
+
+        async def fits(victims: list[str]) -> bool:
+            freed = {**base}
+            for dev, nbytes in (await self._held_by(victims)).items():
+                freed[dev] = freed.get(dev, 0) + nbytes
+            return (await self._plan_with(spec, devices, freed)).plan is not None
+
+        victims = await choose_victims(order, fits)
+        if victims:
+            for model_id in victims:
+                rec = next(r for r in resident if r.model_id == model_id)
+                await self._ask("sleep", rec, version=rec.version,
+                                reason=f"evicted to make room for {spec.model_id}")
+            return Room(evicting=victims + draining)
+        if not await fits([c.model_id for c in candidates]):
+            return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
+        retry = protection_ends(candidates, now, self.settings.min_residency_s)
+        holders = "; ".join(f"{r.model_id} ({r.reason})" for r in refused) or "none"
+        return Room(retry_at=retry, status_code=503,
+                    error=f"no room for {spec.model_id}: the memory it needs is held by models that cannot be "
+                          f"put to sleep now: {holders}")

@@ -1,0 +1,160 @@
+"""Requests for a sleeping model wait here while it wakes, instead of being refused.
+
+The gateway and each model's router keep one ``WakeHold`` fed with the registry's records
+(``routing/follow.py``). The first request for a sleeping model asks the registry for the
+``wake`` transition; every request then waits until the record is serving again, bounded
+in number per model (HIVE_HOLD_MAX_PER_MODEL: more get 429) and in time
+(HIVE_HOLD_TIMEOUT_S: then 503). A wake that fails answers every held request with a 503
+that says why. A streaming client gets its response headers at once and an SSE comment
+every HIVE_HOLD_KEEPALIVE_S while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.responses import Response, StreamingResponse
+
+from hive_apps import names
+from hive_apps.cluster import get_cluster
+from hive_apps.engine.protocol import ResponseStart
+from hive_apps.openai_errors import openai_error
+from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
+from hive_apps.settings import HiveSettings
+
+log = logging.getLogger("ray.serve")
+
+RETRY_AFTER_S = 5
+
+
+class HoldRefused(Exception):
+    """The request cannot wait (or waited in vain): answer with this response."""
+
+    def __init__(self, response: Response):
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _refusal(status: int, message: str, retry_after: int | None = RETRY_AFTER_S) -> HoldRefused:
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    return HoldRefused(openai_error(status, message, headers=headers))
+
+
+def gone_message(rec: ModelRecord | None, model_id: str) -> str | None:
+    """Why a request for this model can never be served as things are (None: it can, now or after a wake)."""
+    if rec is None:
+        return None
+    if rec.status is ModelStatus.DESTROYED:
+        return (f"The model `{model_id}` was destroyed: {rec.message}. Deploy it again with POST /admin/models "
+                f"to use it.")
+    if rec.status is ModelStatus.DELETING:
+        return f"The model `{model_id}` is being deleted."
+    if rec.status is ModelStatus.FAILED:
+        return f"The model `{model_id}` failed to deploy: {rec.message}"
+    return None
+
+
+class WakeHold:
+    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], object] | None = None):
+        self.settings = settings
+        self.records: dict[str, ModelRecord] = {}
+        self.held: dict[str, int] = {}
+        self._asked: dict[str, float] = {}  # model id -> when a wake was last asked for
+        self._changed = asyncio.Condition()
+        self._ask_wake = ask_wake or _ask_registry
+
+    async def update(self, records: dict[str, ModelRecord]) -> None:
+        async with self._changed:
+            self.records = records
+            self._changed.notify_all()
+
+    def on_models(self, records: dict[str, ModelRecord]) -> None:
+        """For synchronous followers: apply the records from the running loop."""
+        asyncio.get_running_loop().create_task(self.update(records))
+
+    async def wait(self, model_id: str) -> ModelRecord:
+        """Hold one request until the model serves; its record then. Raises ``HoldRefused``."""
+        if self.held.get(model_id, 0) >= self.settings.hold_max_per_model:
+            raise _refusal(429, f"model '{model_id}' is waking and {self.settings.hold_max_per_model} requests already "
+                                f"wait for it (HIVE_HOLD_MAX_PER_MODEL); retry after {RETRY_AFTER_S}s")
+        self.held[model_id] = self.held.get(model_id, 0) + 1
+        try:
+            return await asyncio.wait_for(self._until_serving(model_id, time.time()), self.settings.hold_timeout_s)
+        except asyncio.TimeoutError:
+            rec = self.records.get(model_id)
+            where = f"; it is {rec.status.value}: {rec.message}" if rec else ""
+            raise _refusal(503, f"model '{model_id}' did not wake within {self.settings.hold_timeout_s:.0f}s "
+                                f"(HIVE_HOLD_TIMEOUT_S){where}") from None
+        finally:
+            self.held[model_id] -= 1
+
+    async def _until_serving(self, model_id: str, since: float) -> ModelRecord:
+        async with self._changed:
+            while True:
+                rec = self.records.get(model_id)
+                if rec is None or gone_message(rec, model_id):
+                    raise _refusal(404, gone_message(rec, model_id) or f"The model `{model_id}` was deleted.", None)
+                if rec.status in SERVING:
+                    return rec
+                if rec.status is ModelStatus.SLEEPING:
+                    if rec.wake_failed_at is not None and rec.wake_failed_at >= since:
+                        raise _refusal(503, f"model '{model_id}' could not wake: {rec.message}")
+                    if time.time() - self._asked.get(model_id, 0.0) > 1.0:  # one ask for all waiters, at most 1/s
+                        self._asked[model_id] = time.time()
+                        asyncio.get_running_loop().create_task(self._wake(model_id))
+                await self._changed.wait()
+
+    async def _wake(self, model_id: str) -> None:
+        try:
+            await self._ask_wake(model_id)
+        except Exception as e:  # the registry is restarting: the next record change asks again
+            log.warning("asking the registry to wake %s failed: %s", model_id, e)
+
+
+async def _ask_registry(model_id: str) -> None:
+    outcome = await get_cluster().app_handle(names.REGISTRY_APP).transition.remote("wake", model_id)
+    if not outcome.ok:
+        log.info("wake of %s refused: %s", model_id, outcome.message)
+
+
+async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
+                      then: Callable[[ModelRecord], AsyncIterator[ResponseStart | bytes]]) -> Response:
+    """A streamed answer for a sleeping model: headers now, SSE comments while it wakes, then the
+    engine's events (an error event if the wake or the engine fails)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        waiting = asyncio.ensure_future(hold.wait(model_id))
+        try:
+            while not waiting.done():
+                done, _ = await asyncio.wait({waiting}, timeout=keepalive_s)
+                if not done:
+                    yield f": waiting for {model_id} to wake\n\n".encode()
+            try:
+                rec = waiting.result()
+            except HoldRefused as e:
+                yield _error_event(e.response.status_code, json.loads(e.response.body)["error"]["message"])
+                return
+            items = then(rec)
+            start = await items.__anext__()
+            if start.status != 200:
+                raw = b"".join([c async for c in items if isinstance(c, bytes)])
+                yield _error_event(start.status, raw.decode(errors="replace"))
+                return
+            async for chunk in items:
+                if isinstance(chunk, bytes):
+                    yield chunk
+        finally:
+            waiting.cancel()
+
+    return StreamingResponse(body(), status_code=200, media_type="text/event-stream")
+
+
+def _error_event(status: int, message: str) -> bytes:
+    err = {"error": {"message": message, "type": "ServiceUnavailableError" if status >= 500 else "InvalidRequestError",
+                     "code": status}}
+    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+

@@ -1,0 +1,268 @@
+"""Sleep, park, wake, make room and idle destroy: the pure rules (``hive_apps/lifecycle.py``),
+the registry's transitions and the admin's loops on the in-memory cluster, and the hold that
+requests for a sleeping model wait in (``routing/hold.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from hive_apps.admin.lifecycle import Lifecycle
+from hive_apps.admin.reconciler import Reconciler
+from hive_apps.cluster import set_cluster
+from hive_apps.engine.protocol import EngineLoad
+from hive_apps.lifecycle import Candidate, choose_victims, eviction_order, idle_since, sleep_due, update_activity
+from hive_apps.registry.records import ModelStatus, SleepMode
+from hive_apps.routing.hold import HoldRefused, WakeHold
+from hive_apps.settings import HiveSettings
+from tests.unit.fake_cluster import FakeCluster
+from tests.unit.test_controller import Hive
+
+BIG = {"vllm_kwargs": {"kv_cache_memory_bytes": 14 * 2**30}}  # one such model fills an L4 (24 GB)
+LIFE = HiveSettings(auth_disabled=True, deploy_timeout_s=30, min_residency_s=0, drain_grace_s=0.2,
+                    hold_timeout_s=5, hold_max_per_model=2)
+
+
+# --- the pure rules -----------------------------------------------------------------------
+def cand(model_id: str, **kw) -> Candidate:
+    base = dict(can_sleep=True, wake_cost_s=20.0, resident_since=0.0)
+    return Candidate(model_id=model_id, **{**base, **kw})
+
+
+def test_eviction_order_is_priority_then_expected_cost_then_least_recently_used():
+    order, refused = eviction_order([
+        cand("busy-cheap", rate_per_s=1.0, wake_cost_s=2.0),  # cost 2
+        cand("rare-dear", rate_per_s=0.01, wake_cost_s=100.0),  # cost 1
+        cand("important", priority=5, rate_per_s=0.0),
+        cand("old", rate_per_s=0.0, last_request_at=10.0),
+        cand("older", rate_per_s=0.0, last_request_at=5.0),
+        cand("pinned", keep_resident=True),
+        cand("static", can_sleep=False),
+        cand("serving", in_flight=2),
+        cand("fresh", resident_since=990.0),
+    ], now=1000.0, min_residency_s=60)
+    assert [c.model_id for c in order] == ["older", "old", "rare-dear", "busy-cheap", "important"]
+    reasons = {r.model_id: r.reason for r in refused}
+    assert reasons["pinned"] == "keep_resident" and "no sleep_timeout" in reasons["static"]
+    assert "2 requests in flight" in reasons["serving"] and "minimum residency, 50s left" in reasons["fresh"]
+
+
+async def test_victims_are_the_shortest_prefix_that_fits_or_nobody():
+    order = [cand("a"), cand("b"), cand("c")]
+
+    async def fits_two(victims):
+        return len(victims) >= 2
+
+    async def never(victims):
+        return False
+
+    assert await choose_victims(order, fits_two) == ["a", "b"]
+    assert await choose_victims(order, never) is None
+
+
+def test_request_rate_decays_and_survives_an_engine_restart():
+    a = update_activity(None, 0, 100, 50.0, now=100.0)
+    b = update_activity(a, 0, 160, 159.0, now=160.0)  # 60 requests in 60 s
+    assert 0.4 < b.rate_per_s < 0.6 and b.last_request_at == 159.0
+    c = update_activity(b, 0, 3, None, now=220.0)  # counters went back: the engine restarted
+    assert c.rate_per_s < b.rate_per_s and c.last_request_at == 159.0
+    quiet = update_activity(c, 0, 3, None, now=1000.0)
+    assert quiet.rate_per_s < 0.01
+
+
+def test_idle_clock_counts_from_the_later_of_last_request_and_ready():
+    assert idle_since(None, 100.0) == 100.0 and idle_since(150.0, 100.0) == 150.0
+    assert not sleep_due(10, 100.0, in_flight=1, now=200.0)  # never with requests in flight
+    assert sleep_due(10, 100.0, in_flight=0, now=110.0) and not sleep_due(10, 100.0, 0, now=109.0)
+    assert not sleep_due(None, 100.0, 0, now=1e9)
+
+
+# --- the admin's loops on the in-memory cluster ------------------------------------------
+@pytest.fixture
+async def life():
+    h = Hive(FakeCluster({"node-a": "L4"}))
+    h.lifecycle = Lifecycle(h.cluster, LIFE)
+    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
+    await h.start_registry()
+    await h.sample()
+    yield h
+    set_cluster(None)
+
+
+def idle_for(hive: Hive, model_id: str, seconds: float, in_flight: int = 0) -> None:
+    hive.cluster.loads[model_id] = EngineLoad(last_request_at=time.time() - seconds, in_flight=in_flight, requests_total=3)
+
+
+async def ready(hive: Hive, model_id: str, **spec):
+    await hive.deploy(model_id, **spec)
+    rec = await hive.settle(model_id)
+    assert rec.status is ModelStatus.READY, rec.message
+    hive.registry.book.records[model_id].ready_at = time.time() - 3600  # long resident
+    return rec
+
+
+async def test_idle_model_parks_keeps_route_and_plan_and_wakes_on_request(life):
+    await ready(life, "m", sleep_timeout=5)
+    idle_for(life, "m", 2)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == []  # not idle long enough
+    life.lifecycle.activity.clear()  # (the engine's clock only moves forward; this test jumps back)
+    idle_for(life, "m", 6)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.SLEEPING and rec.sleep_mode is SleepMode.PARKED and not rec.resident
+    assert life.reserved("m") == {}  # memory released
+    assert life.cluster.apps["m"].plan.replicas == []  # the app keeps its router, without engines
+    assert rec.plan.replicas and "no requests for 6s" in rec.sleep_reason
+    gpu = (await life.registry.device_states())[0]
+    assert gpu.reserved_bytes == 0 and gpu.dormant == ["m/r0"] and gpu.dormant_bytes == rec.plan.replicas[0].reservation_bytes
+
+    woke = await life.registry.transition("wake", "m")
+    assert woke.ok and woke.record.status is ModelStatus.WAKING
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.resident and set(life.reserved("m")) == {"m/r0"}
+    assert rec.last_wake is not None and rec.last_wake.how is SleepMode.PARKED
+    assert rec.last_wake.engine_start_s == 1.5 and rec.last_wake.warm_up_s == 0.25
+    assert rec.last_wake.placement_s >= 0 and rec.woke_at is not None and rec.sleep_mode is None
+
+
+async def test_a_model_with_requests_in_flight_never_sleeps(life):
+    await ready(life, "m", sleep_timeout=5)
+    idle_for(life, "m", 600, in_flight=1)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == []
+    assert (await life.registry.get_model("m")).status is ModelStatus.READY
+
+
+async def test_a_model_woken_while_it_drained_never_parks(life):
+    await ready(life, "m", sleep_timeout=5)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.registry.transition("wake", "m")  # a request came before the reconciler drained it
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and life.cluster.apps["m"].builds == 1  # never rebuilt
+    assert rec.last_wake is None and set(life.reserved("m")) == {"m/r0"}
+
+
+async def test_waking_model_evicts_the_cheapest_sleepable_model(life):
+    await ready(life, "a", sleep_timeout=600, **BIG)
+    room = await life.lifecycle.make_room((await life.registry.get_model("a")).spec.model_copy(update={"model_id": "b"}))
+    assert room.plan is None and room.evicting == ["a"]  # one L4 holds one of them
+    a = await life.settle("a")
+    assert a.status is ModelStatus.SLEEPING and not a.resident and "evicted to make room for b" in a.sleep_reason
+
+
+async def test_no_room_names_the_models_that_hold_it(life):
+    await ready(life, "pinned", sleep_timeout=600, keep_resident=True, **BIG)
+    spec = (await life.registry.get_model("pinned")).spec.model_copy(update={"model_id": "b", "keep_resident": False})
+    room = await life.lifecycle.make_room(spec)
+    assert room.plan is None and room.status_code == 503 and "pinned (keep_resident)" in room.error
+
+
+async def test_minimum_residency_defers_the_eviction(life):
+    life.lifecycle.settings = LIFE.model_copy(update={"min_residency_s": 60})
+    await ready(life, "a", sleep_timeout=600, **BIG)
+    life.registry.book.records["a"].woke_at = time.time() - 10  # woke 10 s ago
+    room = await life.lifecycle.make_room((await life.registry.get_model("a")).spec.model_copy(update={"model_id": "b"}))
+    assert room.plan is None and not room.evicting and room.retry_at == pytest.approx(time.time() + 50, abs=2)
+    assert (await life.registry.get_model("a")).status is ModelStatus.READY
+
+
+async def test_a_wake_without_room_fails_cleanly_and_held_requests_learn_why(life):
+    await ready(life, "m", sleep_timeout=5, **BIG)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+    await ready(life, "other", keep_resident=True, sleep_timeout=600, **BIG)  # took the card meanwhile
+    await life.registry.transition("wake", "m")
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.SLEEPING and rec.wake_failed_at is not None
+    assert "other (keep_resident)" in rec.message and life.reserved("m") == {}
+
+
+async def test_idle_destroy_frees_memory_and_keeps_a_record_that_says_why(life):
+    await ready(life, "m", idle_timeout=30)
+    idle_for(life, "m", 31)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.DESTROYED and "idle_timeout 30s" in rec.message
+    assert life.reserved("m") == {} and "m" not in life.cluster.apps
+    again = await life.deploy("m")  # the id is free again, and the memory with it
+    assert again.status is ModelStatus.DEPLOYING
+
+
+async def test_a_parked_model_is_destroyed_after_its_idle_timeout(life):
+    await ready(life, "m", sleep_timeout=5, idle_timeout=60)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+    life.registry.book.records["m"].last_request_at = time.time() - 61
+    assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]
+    assert (await life.settle("m")).status is ModelStatus.DESTROYED
+
+
+# --- the hold -------------------------------------------------------------------------------
+async def test_held_requests_wait_for_the_wake_and_are_bounded(life):
+    await ready(life, "m", sleep_timeout=5)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+    asked: list[str] = []
+
+    async def ask_wake(model_id):
+        asked.append(model_id)
+        await life.registry.transition("wake", model_id)
+
+    hold = WakeHold(LIFE, ask_wake)
+    await hold.update({"m": await life.registry.get_model("m")})
+    waiters = [asyncio.create_task(hold.wait("m")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(HoldRefused) as third:  # the bound is 2
+        await hold.wait("m")
+    assert third.value.response.status_code == 429 and third.value.response.headers["retry-after"]
+    assert asked == ["m"]  # both waiters, one wake
+    await life.settle("m")
+    await hold.update({"m": await life.registry.get_model("m")})
+    assert all(r.status is ModelStatus.READY for r in await asyncio.gather(*waiters))
+    assert hold.held["m"] == 0
+
+
+async def test_held_requests_get_503_with_the_reason_when_the_wake_fails(life):
+    await ready(life, "m", sleep_timeout=5, **BIG)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition("wake", model_id))
+    await hold.update({"m": await life.registry.get_model("m")})
+    waiter = asyncio.create_task(hold.wait("m"))
+    await asyncio.sleep(0.05)
+    await ready(life, "other", keep_resident=True, sleep_timeout=600, **BIG)
+    await life.settle("m")
+    await hold.update({"m": await life.registry.get_model("m")})
+    with pytest.raises(HoldRefused) as refused:
+        await waiter
+    body = json.loads(refused.value.response.body)
+    assert refused.value.response.status_code == 503 and "could not wake" in body["error"]["message"]
+
+
+async def test_a_hold_times_out_with_503_and_a_destroyed_model_answers_404(life):
+    settings = LIFE.model_copy(update={"hold_timeout_s": 0.2})
+    await ready(life, "m", sleep_timeout=5)
+    idle_for(life, "m", 6)
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+
+    async def no_wake(model_id):
+        return None
+
+    hold = WakeHold(settings, no_wake)
+    await hold.update({"m": await life.registry.get_model("m")})
+    with pytest.raises(HoldRefused) as late:
+        await hold.wait("m")
+    assert late.value.response.status_code == 503 and "did not wake within 0s" in json.loads(late.value.response.body)["error"]["message"]
+    gone = (await life.registry.get_model("m")).model_copy(update={"status": ModelStatus.DESTROYED, "message": "idle"})
+    await hold.update({"m": gone})
+    with pytest.raises(HoldRefused) as destroyed:
+        await hold.wait("m")
+    assert destroyed.value.response.status_code == 404 and "POST /admin/models" in json.loads(destroyed.value.response.body)["error"]["message"]
