@@ -162,11 +162,11 @@ class Admin:
             room = await self.lifecycle.make_room(spec)
             if room.plan is not None:
                 return room.plan
-            if room.evicting:
-                for model_id in room.evicting:
+            if room.waiting_for:
+                for model_id in room.waiting_for:
                     self.reconciler.ensure(model_id)
-                evicting = set(room.evicting)
-                await self._wait_for(lambda records: all(m not in records or not records[m].resident for m in evicting),
+                parking = set(room.waiting_for)
+                await self._wait_for(lambda records: all(m not in records or not records[m].resident for m in parking),
                                      deadline - time.monotonic())
             elif room.retry_at is not None and room.retry_at - time.time() < deadline - time.monotonic():
                 await asyncio.sleep(max(0.0, room.retry_at - time.time()))

@@ -44,7 +44,8 @@ class Room(BaseModel):
     (try again once they are parked), or why nothing can be done now."""
 
     plan: Plan | None = None
-    evicting: list[str] = []
+    evicting: list[str] = []  # put to sleep for this model just now
+    waiting_for: list[str] = []  # every model whose parking it waits for (the evicted ones included)
     retry_at: float | None = None  # a minimum residency ends then: try again
     error: str = ""
     status_code: int = 200
@@ -171,7 +172,7 @@ class Lifecycle:
         draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
         base = await self._held_by(draining)
         if base and (await self._plan_with(spec, devices, base)).plan is not None:
-            return Room(evicting=draining)  # it fits once those park: wait for them
+            return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
         order, refused = eviction_order(candidates, now, self.settings.min_residency_s)
@@ -188,7 +189,7 @@ class Lifecycle:
                 rec = next(r for r in resident if r.model_id == model_id)
                 await self._ask("sleep", rec, version=rec.version,
                                 reason=f"evicted to make room for {spec.model_id}")
-            return Room(evicting=victims + draining)
+            return Room(evicting=victims, waiting_for=victims + draining)
         if not await fits([c.model_id for c in candidates]):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
         retry = protection_ends(candidates, now, self.settings.min_residency_s)

@@ -63,6 +63,7 @@ class Reconciler:
         self.lifecycle = lifecycle
         self.apply_grace_s = apply_grace_s
         self.loops: dict[str, asyncio.Task] = {}
+        self.evicted_for: dict[str, set[str]] = {}  # waking model -> models put to sleep for it
         self.kicks: dict[str, asyncio.Event] = {}
 
     @property
@@ -196,11 +197,13 @@ class Reconciler:
                             reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
             return 0.0
         room = await self.lifecycle.make_room(rec.spec)
+        evicted = self.evicted_for.setdefault(rec.model_id, set())
+        evicted.update(room.evicting)
         if room.plan is None:
-            if room.evicting:
-                for model_id in room.evicting:
+            if room.waiting_for:
+                for model_id in room.waiting_for:
                     self.ensure(model_id)
-                message = f"waking: waiting for {', '.join(room.evicting)} to go to sleep to make room"
+                message = f"waking: waiting for {', '.join(room.waiting_for)} to go to sleep to make room"
             elif room.retry_at is not None:
                 message = f"waking: {room.error}; trying again in {room.retry_at - time.time():.0f}s"
             else:
@@ -212,7 +215,7 @@ class Reconciler:
         reservations = [Reservation.for_replica(rec.model_id, rp) for rp in room.plan.replicas]
         await self._ask("placed", rec, version=rec.version, plan=room.plan, reservations=reservations,
                         placement_s=time.time() - (rec.wake_requested_at or time.time()),
-                        evicted=sorted(set(rec.wake_evicted) | set(room.evicting)))
+                        evicted=sorted(self.evicted_for.pop(rec.model_id, set())))
         return 0.0
 
     async def _app_state(self, model_id: str) -> AppState:

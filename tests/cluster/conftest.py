@@ -11,9 +11,14 @@ NODES = [
 ]
 
 
+# short lifecycle clocks, so tests/cluster/test_lifecycle.py runs in seconds
+LIFECYCLE_ENV = {"HIVE_MIN_RESIDENCY_S": "3", "HIVE_HOLD_MAX_PER_MODEL": "8", "HIVE_HOLD_KEEPALIVE_S": "0.5",
+                 "HIVE_DRAIN_GRACE_S": "5", "HIVE_LIFECYCLE_TICK_S": "0.5"}
+
+
 @pytest.fixture(scope="package")
 def hive():
-    h = start_hive(NODES)
+    h = start_hive(NODES, env=LIFECYCLE_ENV)
     yield h
     stop_hive(h)
 

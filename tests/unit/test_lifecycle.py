@@ -148,7 +148,7 @@ async def test_a_model_woken_while_it_drained_never_parks(life):
 async def test_waking_model_evicts_the_cheapest_sleepable_model(life):
     await ready(life, "a", sleep_timeout=600, **BIG)
     room = await life.lifecycle.make_room((await life.registry.get_model("a")).spec.model_copy(update={"model_id": "b"}))
-    assert room.plan is None and room.evicting == ["a"]  # one L4 holds one of them
+    assert room.plan is None and room.evicting == ["a"] == room.waiting_for  # one L4 holds one of them
     a = await life.settle("a")
     assert a.status is ModelStatus.SLEEPING and not a.resident and "evicted to make room for b" in a.sleep_reason
 

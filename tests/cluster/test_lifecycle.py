@@ -1,0 +1,125 @@
+"""Sleep, wake on request, swap and idle destroy through the real Serve apps, with the sim engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.cluster.test_sim_hive import sim_spec
+from tests.harness import API_KEY
+
+pytestmark = pytest.mark.cluster
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+BIG = {"kv_cache_memory_bytes": 14 * 2**30}  # one such replica fills an L4
+
+
+def wait_status(hive, model_id: str, status: str, timeout: float = 30.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        body = hive.admin.get(f"/models/{model_id}").json()
+        if body.get("status") == status or time.time() > deadline:
+            assert body.get("status") == status, body
+            return body
+        time.sleep(0.25)
+
+
+def chat(model_id: str, content: str = "hi", **kw) -> dict:
+    return {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": 3, **kw}
+
+
+def test_idle_model_parks_and_requests_wake_it(clean):
+    hive = clean
+    r = hive.deploy(**sim_spec("nap", gpu="node-b:gpu0", sleep_timeout=1.5,
+                               vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 1.5}))
+    assert r.status_code == 200, r.text
+    assert httpx.post(f"{hive.url}/v1/chat/completions", json=chat("nap"), headers=AUTH, timeout=30).status_code == 200
+    body = wait_status(hive, "nap", "sleeping")
+    assert body["sleep_mode"] == "parked" and body["resident"] is False
+    gpu = hive.gpus()["node-b:gpu0"]
+    assert gpu["reserved_bytes"] == 0 and gpu["dormant"] == ["nap/r0"]
+    assert "nap" in hive.serve_apps()  # the route stays
+    listed = httpx.get(f"{hive.url}/v1/models", headers=AUTH).json()["data"]
+    assert "nap" in [m["id"] for m in listed]
+
+    async def during_the_wake():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def stream() -> list[str]:
+                async with client.stream("POST", f"{hive.url}/nap/v1/chat/completions", headers=AUTH,
+                                         json=chat("nap", stream=True)) as resp:
+                    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+                    return [line async for line in resp.aiter_lines() if line]
+
+            unary = [client.post(f"{hive.url}/v1/chat/completions", json=chat("nap", f"q{i}"), headers=AUTH)
+                     for i in range(3)]
+            return await asyncio.gather(stream(), *unary)
+
+    lines, *answers = asyncio.run(during_the_wake())
+    assert all(a.status_code == 200 and a.json()["choices"][0]["message"]["content"] for a in answers)
+    assert any(line.startswith(": waiting for nap") for line in lines)  # keep-alives while it woke
+    assert sum(1 for line in lines if line.startswith("data: {")) >= 3 and lines[-1] == "data: [DONE]"
+    body = wait_status(hive, "nap", "ready")
+    wake = body["last_wake"]
+    assert wake["how"] == "parked" and wake["engine_start_s"] >= 1.5 and wake["total_s"] >= wake["engine_start_s"]
+    assert hive.gpus()["node-b:gpu0"]["reserved_bytes"] > 0
+
+
+def test_hold_queue_is_bounded(clean):
+    hive = clean
+    hive.deploy(**sim_spec("crowd", gpu="node-b:gpu0", sleep_timeout=1,
+                           vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 4}))
+    wait_status(hive, "crowd", "sleeping")
+    while hive.admin.get("/models/crowd").json()["resident"]:
+        time.sleep(0.2)
+
+    async def crowd():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"{hive.url}/v1/chat/completions", json=chat("crowd"), headers=AUTH)
+                                          for _ in range(12)))
+
+    codes = sorted(r.status_code for r in asyncio.run(crowd()))
+    assert codes == [200] * 8 + [429] * 4  # HIVE_HOLD_MAX_PER_MODEL=8 in tests/cluster/conftest.py
+
+
+def test_two_models_that_cannot_coreside_swap_on_one_gpu(clean):
+    hive = clean
+    one = sim_spec("swap-a", gpu="node-b:gpu1", sleep_timeout=600, vllm_kwargs={"sim_tokens_per_s": 500, **BIG})
+    two = sim_spec("swap-b", gpu="node-b:gpu1", sleep_timeout=600, vllm_kwargs={"sim_tokens_per_s": 500, **BIG})
+    assert hive.deploy(**one).status_code == 200
+    time.sleep(3.2)  # past the minimum residency (3 s here)
+    r = hive.deploy(**two)
+    assert r.status_code == 200, r.text  # room was made: swap-a went to sleep
+    a = hive.admin.get("/models/swap-a").json()
+    assert a["status"] == "sleeping" and "evicted to make room for swap-b" in a["sleep_reason"]
+    # swap-a is asked for: it waits out swap-b's minimum residency, then swap-b is evicted
+    r = httpx.post(f"{hive.url}/v1/chat/completions", json=chat("swap-a"), headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    a = wait_status(hive, "swap-a", "ready")
+    assert a["last_wake"]["evicted"] == ["swap-b"]
+    assert hive.admin.get("/models/swap-b").json()["status"] == "sleeping"
+    assert hive.gpus()["node-b:gpu1"]["replicas"] == ["swap-a/r0"]
+
+
+def test_pinned_resident_model_is_not_evicted_and_the_deploy_says_who_holds_the_memory(clean):
+    hive = clean
+    keep = sim_spec("keeper", gpu="node-b:gpu1", sleep_timeout=600, keep_resident=True,
+                    vllm_kwargs={"sim_tokens_per_s": 500, **BIG})
+    assert hive.deploy(**keep).status_code == 200
+    r = hive.deploy(**sim_spec("newcomer", gpu="node-b:gpu1", vllm_kwargs={"sim_tokens_per_s": 500, **BIG}))
+    assert r.status_code == 503 and "keeper (keep_resident)" in r.json()["error"]["message"]
+    assert r.headers["retry-after"]
+    assert hive.admin.get("/models/keeper").json()["status"] == "ready"
+
+
+def test_idle_destroy_frees_memory_and_requests_learn_why(clean):
+    hive = clean
+    hive.deploy(**sim_spec("brief", gpu="node-b:gpu2", idle_timeout=1))
+    body = wait_status(hive, "brief", "destroyed")
+    assert "idle_timeout 1s" in body["message"]
+    assert hive.gpus()["node-b:gpu2"]["reserved_bytes"] == 0 and "brief" not in hive.serve_apps()
+    r = httpx.post(f"{hive.url}/v1/chat/completions", json=chat("brief"), headers=AUTH, timeout=30)
+    assert r.status_code == 404 and "destroyed" in r.json()["error"]["message"]
+    assert hive.deploy(**sim_spec("brief", gpu="node-b:gpu2")).status_code == 200  # the memory is free again
