@@ -119,8 +119,8 @@ def cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
     5.3-5.7 s, so the host link moves ~10 GiB/s per rank (PCIe Gen4 x16; sleeping, 5.8-6.0 s,
     is the same copy the other way). A cold start (97-98 s) is a fixed engine start plus
     reading and deserialising the weights plus that copy. One figure cannot split fixed from
-    per-GiB time: the fixed part is assumed to be 20 s (as the hive's ``COLD_START_FIXED_S``),
-    so reading costs (97.5 - 20) / 55 - 0.1 = 1.31 s/GiB per rank (ranks load in parallel).
+    per-GiB time: the fixed part is assumed to be 20 s (the hive's ``COLD_START_FIXED_S``; README
+    "Measured": vLLM's own start of the tiny model took 19.0 s), so reading costs (97.5 - 20) / 55 - 0.1 = 1.31 s/GiB per rank (ranks load in parallel).
     GPU class enters through the host link: Gen5 on Hopper (compute capability 9.x, 2x), Gen4
     on Ampere/Ada (8.x), Gen3 before (0.5x). Reading dominates, so a cold start barely depends
     on the card (1.41 s/GiB on Gen4, 1.36 on Gen5); a level-1 wake would, but is not built
@@ -468,7 +468,7 @@ def result_rows(rate: float, results: dict[str, Result], seconds: float) -> list
     return [(f"{rate:g}", STRATEGIES[name], r.requests, r.count("served"), r.count("429"), r.count("refused"),
              f"{pct(r.added, 0.5):.1f}", f"{pct(r.added, 0.99):.1f}", f"{pct(r.ratio, 0.99):.2f}",
              f"{r.swaps * per_h:.1f}", f"{r.wakes * per_h:.1f}", f"{r.mem_byte_s / GIB / 3600:.0f}",
-             f"{1 - r.mem_byte_s / results['static'].mem_byte_s:.0%}") for name, r in results.items()]
+             f"{round(100 - 100 * r.mem_byte_s / results['static'].mem_byte_s)}%") for name, r in results.items()]
 
 
 def targets(rate: float, results: dict[str, Result]) -> list[str]:
@@ -482,7 +482,7 @@ def targets(rate: float, results: dict[str, Result]) -> list[str]:
         f"{ok(answered == hive.requests)} ({answered} of {hive.requests}; {hive.count('refused')} refused)",
         f"* {rate:g} req/s: p99 added <= 1.2 x the model's wake: {ok(ratio <= 1.2)} (p99 of added / wake = "
         f"{ratio:.2f}; {sum(x > 1.2 for x in hive.ratio)} of {len(hive.ratio)} served requests above 1.2)",
-        f"* {rate:g} req/s: >= 50 % of GPU-memory-seconds saved against static: {ok(saved >= 0.5)} ({saved:.0%})",
+        f"* {rate:g} req/s: >= 50 % of GPU-memory-seconds saved against static: {ok(saved >= 0.5)} ({round(100 * saved)}%)",
         f"* {rate:g} req/s: fewer swaps than the LRU swapper at equal or better p99: "
         f"{ok(hive.swaps < lru.swaps and p99 <= p99_lru)} (swaps {hive.swaps} vs {lru.swaps}; p99 added "
         f"{p99:.1f} s vs {p99_lru:.1f} s)",
@@ -509,6 +509,9 @@ def main() -> None:
         notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: {r.stray} of {r.swaps} swaps parked a model on another GPU "
                   "than the one the newcomer took (the victims are a prefix of one cluster-wide order)"
                   for n, r in results.items() if r.stray]
+        notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: longest waits " + ", ".join(
+                  f"{m} {w:.0f} s" for w, m in sorted(zip(r.added, (m for _, m, _, _ in r.spans)), reverse=True)[:3])
+                  for n, r in results.items() if n != "static"]
         notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: in flight passed the planned max_num_seqs for "
                   f"{', '.join(r.over_seqs)} (held requests let in at once after a wake; no engine queue here)"
                   for n, r in results.items() if r.over_seqs]
