@@ -1,0 +1,535 @@
+"""Lifecycle: Ray Hive's sleep / wake / evict policy against static placement and an LRU swapper.
+
+Run:  python benchmarks/bench_lifecycle.py [--seconds 7200] [--seed 1] [--rates 0.01,0.05,0.25,1]
+
+A discrete-event simulation, pure Python (no Ray, no vLLM; seconds to run). "Ray Hive" is
+driven by the product's rules in ``hive_apps/lifecycle.py`` (``update_activity``,
+``idle_since``, ``sleep_due``, ``cold_start_estimate_s``, ``Candidate``, ``eviction_order``,
+``protection_ends``, ``choose_victims``): this measures the product's policy, not a copy.
+
+Cluster: 2 x H100-80GB + 2 x L4, each GPU's budget 0.90 x its memory. Catalog: 20 deploys of
+18 fixture configs (``tests/fixtures/model_configs``; Qwen3-30B-A3B and DeepSeek-V2-Lite
+twice, short and long context), each sized by the hive's planner (``plan_deployment``,
+engine sim, max_concurrency 16) on an empty GPU of each kind: its footprint there is that
+plan's reservation; it runs only on kinds where it fits. Traffic: Poisson arrivals at a
+total rate, Zipf(s=1.1) popularity in a seeded random rank order; a request is a fraction
+U(0.1, 1) of the deploy's full lengths and takes that fraction of a full-length request's
+time at batch 1 by the planner's roofline (``Throughput``). Engines take every admitted
+request at once (no engine queue; a model whose in-flight peak passed its planned
+max_num_seqs is reported). Arrivals stop at ``--seconds``; requests still held are then
+served (drain); memory, swaps and cold starts count over [0, seconds].
+
+Strategies. All start with what fits resident (deployed in catalog order); a model goes to
+the GPU with the fewest models, then the faster card (the planner's performance order);
+all wake by cold start (this round the hive parks, issue 9).
+  hive     sleep_timeout 300 s: an idle model parks (reservation released). A request for a
+           parked model is held (64 per model, more get 429) while it starts again. Room:
+           ``eviction_order`` (priority 0, recent rate x wake cost, 60 s minimum residency),
+           then ``choose_victims`` (the shortest prefix of that order after which the model
+           fits on some GPU; all of it is parked); when nothing may go, retry at
+           ``protection_ends`` or when a request ends. Wake cost: the last measured wake,
+           before one, ``cold_start_estimate_s``.
+  static   what fits at deploy stays resident; requests for the rest are refused.
+  swapper  fixed-timeout LRU swapper (llama-swap-like): the same timeout and hold queue; for
+           room it parks the least recently used models with nothing in flight (the same
+           prefix rule), no cost model, no minimum residency.
+Added latency: how long a served request waited for its model to be ready (an always-awake
+model adds nothing). Swaps: models parked to make room. Memory: GiB reserved on GPUs x hours
+(waking models included); the saving is against static, i.e. keeping every model that fits
+awake all the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import os
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hive_apps.lifecycle import (  # noqa: E402
+    Activity, Candidate, choose_victims, cold_start_estimate_s, eviction_order, idle_since, protection_ends,
+    sleep_due, update_activity,
+)
+from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
+from hive_apps.planning.profile import load_profile  # noqa: E402
+from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
+from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.spec import ModelSpec  # noqa: E402
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
+BUDGET = 0.90
+CLUSTER = [("H100-80GB", "a", 0), ("H100-80GB", "a", 1), ("L4", "b", 0), ("L4", "b", 1)]
+SLEEP_TIMEOUT_S = 300.0
+MIN_RESIDENCY_S = 60.0
+HOLD_BOUND = 64
+TICK_S = 5.0  # how often the lifecycle loop samples the engines
+CONCURRENCY = 16  # max_concurrency of every deploy
+ZIPF_S = 1.1
+STRATEGIES = {"hive": "Ray Hive", "static": "(a) static", "swapper": "(b) LRU swapper"}
+
+# (model_id, fixture folder, max input tokens, max output tokens), in deploy order
+CATALOG = [
+    ("qwen3-8b", "Qwen__Qwen3-8B", 2048, 512),
+    ("qwen3-30b-a3b", "Qwen__Qwen3-30B-A3B", 2048, 512),
+    ("llama-3-1-8b", "meta-llama__Llama-3.1-8B", 2048, 512),
+    ("gemma-3-27b", "google__gemma-3-27b-it", 2048, 512),
+    ("gpt-oss-20b", "openai__gpt-oss-20b", 2048, 512),
+    ("deepseek-v2-lite", "deepseek-ai__DeepSeek-V2-Lite", 2048, 512),
+    ("e5-mistral-7b", "intfloat__e5-mistral-7b-instruct", 2048, 0),
+    ("llama-3-1-70b-fp8", "nvidia__Llama-3.1-70B-Instruct-FP8", 2048, 512),
+    ("gemma-2-9b", "google__gemma-2-9b", 2048, 512),
+    ("qwen2-5-vl-7b", "Qwen__Qwen2.5-VL-7B-Instruct", 2048, 512),
+    ("qwen3-0-6b", "Qwen__Qwen3-0.6B", 2048, 512),
+    ("qwen3-30b-a3b-long", "Qwen__Qwen3-30B-A3B", 16384, 2048),
+    ("llava-1-5-7b", "llava-hf__llava-1.5-7b-hf", 2048, 512),
+    ("qwen2-audio-7b", "qwen2-audio-transformers-defaults", 2048, 512),
+    ("qwen2-5-vl-3b", "Qwen__Qwen2.5-VL-3B-Instruct", 2048, 512),
+    ("llama-2-13b-gptq", "TheBloke__Llama-2-13B-chat-GPTQ", 2048, 512),
+    ("deepseek-v2-lite-long", "deepseek-ai__DeepSeek-V2-Lite", 16384, 2048),
+    ("qwen3-8b-fp8", "Qwen__Qwen3-8B-FP8", 8192, 1024),
+    ("llama-3-2-1b", "meta-llama__Llama-3.2-1B-Instruct", 2048, 512),
+    ("bge-m3", "BAAI__bge-m3", 8192, 0),
+]
+
+# ---- wake / cold-start timing ----------------------------------------------------------------
+
+PUBLISHED_COLD_S = 97.5  # vLLM 0.11, A100, Qwen3-235B-A22B-FP8 TP4: cold start 97-98 s
+PUBLISHED_RANK_GIB = 220 / 4  # its FP8 checkpoint is ~220 GiB: ~55 GiB of weights per rank
+H2D_GIB_PER_S_GEN4 = PUBLISHED_RANK_GIB / 5.5  # its level-1 wake (5.3-5.7 s) copies them back: 10 GiB/s
+ENGINE_START_S = 20.0  # assumed: process, imports, CUDA init, profiling run, graph capture
+READ_S_PER_GIB = (PUBLISHED_COLD_S - ENGINE_START_S) / PUBLISHED_RANK_GIB - 1 / H2D_GIB_PER_S_GEN4
+WARMUP_S = 1.0  # assumed: the one-token warm-up and answer check before held requests go in
+
+
+def cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
+    """Seconds from "start the engine" to ready, for a parked model on a GPU of ``gpu_key``.
+
+    Derivation (issue 9's figures: vLLM 0.11, A100, Qwen3-235B-A22B-FP8, TP4, ~55 GiB of
+    weights per rank): a level-1 wake only copies the weights back host-to-device, 55 GiB in
+    5.3-5.7 s, so the host link moves ~10 GiB/s per rank (PCIe Gen4 x16; sleeping, 5.8-6.0 s,
+    is the same copy the other way). A cold start (97-98 s) is a fixed engine start plus
+    reading and deserialising the weights plus that copy. One figure cannot split fixed from
+    per-GiB time: the fixed part is assumed to be 20 s (the hive's ``COLD_START_FIXED_S``; README
+    "Measured": vLLM's own start of the tiny model took 19.0 s), so reading costs (97.5 - 20) / 55 - 0.1 = 1.31 s/GiB per rank (ranks load in parallel).
+    GPU class enters through the host link: Gen5 on Hopper (compute capability 9.x, 2x), Gen4
+    on Ampere/Ada (8.x), Gen3 before (0.5x). Reading dominates, so a cold start barely depends
+    on the card (1.41 s/GiB on Gen4, 1.36 on Gen5); a level-1 wake would, but is not built
+    yet. E.g. Qwen3-8B (15.3 GiB): ~41 s; Qwen3-0.6B: ~22 s.
+    """
+    cc = GPU_CATALOG[gpu_key].compute_capability
+    link = H2D_GIB_PER_S_GEN4 * (2.0 if cc >= (9, 0) else 1.0 if cc >= (8, 0) else 0.5)
+    return ENGINE_START_S + weight_bytes / tp / GIB * (READ_S_PER_GIB + 1 / link)
+
+
+# ---- deploys (sized by the planner) and traffic -----------------------------------------------
+
+
+@dataclass
+class Deploy:
+    model_id: str
+    weight_bytes: int
+    footprint: dict[str, int] = field(default_factory=dict)  # GPU kind -> reservation bytes
+    seqs: dict[str, int] = field(default_factory=dict)  # GPU kind -> planned max_num_seqs
+    service_s: dict[str, float] = field(default_factory=dict)  # GPU kind -> a full-length request, alone
+    cold_s: dict[str, float] = field(default_factory=dict)
+
+    def wake_s(self, key: str) -> float:
+        return self.cold_s[key] + WARMUP_S
+
+
+def sim_gpu(key: str) -> DeviceCapacity:
+    g = GPU_CATALOG[key]
+    device = Device(id="x:gpu0", node_id="id-x", node_name="x", kind=DeviceKind.SIM_GPU, index=0, name=g.name,
+                    total_bytes=g.memory_bytes, used_bytes=0, **g.speed_fields())
+    return DeviceCapacity(device=device, available_bytes=int(BUDGET * g.memory_bytes), free_bytes=g.memory_bytes)
+
+
+def build_deploys(catalog: list[tuple], kinds: list[str]) -> list[Deploy]:
+    """Plan every deploy on an empty GPU of each kind: the hive's planner decides its footprint."""
+    out = []
+    for model_id, folder, inp, outp in catalog:
+        profile = load_profile(os.path.join(FIXTURES, folder), {})
+        pooling = profile.runner == "pooling"
+        outp = 0 if pooling else outp
+        spec = ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
+                         max_input_prompt_length=inp, max_output_prompt_length=outp, max_concurrency=CONCURRENCY)
+        d = Deploy(model_id, profile.weight_bytes)
+        for key in dict.fromkeys(kinds):
+            dc = sim_gpu(key)
+            try:
+                r = plan_deployment(spec, [dc], profile).replicas[0]
+            except PlanningError:
+                continue
+            d.footprint[key], d.seqs[key] = r.reservation_bytes, r.settings.max_num_seqs
+            perf = _perf([dc], False, 1, r.settings.enforce_eager, profile)
+            tps = Throughput(profile, perf, 1, inp, outp).tokens_per_s(r.settings.max_num_batched_tokens, 1)
+            d.service_s[key] = (inp if pooling else outp) / tps
+            d.cold_s[key] = cold_start_s(key, profile.weight_bytes)
+        if not d.footprint:
+            raise SystemExit(f"{model_id} fits no GPU kind of the cluster: choose another model")
+        out.append(d)
+    return out
+
+
+def make_requests(deploys: list[Deploy], rate: float, seconds: float, seed: int):
+    """([(arrival, model_id, size fraction)], {model_id: Zipf rank}): Poisson at ``rate`` req/s."""
+    rng = random.Random(seed)
+    ranks = rng.sample(range(1, len(deploys) + 1), len(deploys))  # drawn first: one order for every rate
+    ids = [d.model_id for d in deploys]
+    weights = [r ** -ZIPF_S for r in ranks]
+    out, t = [], rng.expovariate(rate)
+    while t < seconds:
+        out.append((t, rng.choices(ids, weights)[0], rng.uniform(0.1, 1.0)))
+        t += rng.expovariate(rate)
+    return out, dict(zip(ids, ranks))
+
+
+# ---- the simulation -----------------------------------------------------------------------------
+
+
+@dataclass
+class Gpu:
+    id: str
+    key: str
+    budget: int
+    bandwidth: float
+    used: int = 0
+    models: int = 0
+
+
+@dataclass
+class State:
+    d: Deploy
+    phase: str = "parked"  # parked | pending (waits for room) | waking | resident
+    gpu: Gpu | None = None
+    held: list = field(default_factory=list)  # (request id, arrival, size fraction)
+    in_flight: int = 0
+    started: int = 0  # requests the current engine took (its counter restarts with it)
+    last_request_at: float | None = None
+    ready_at: float = 0.0
+    wake_from: float = 0.0
+    measured_wake: float | None = None
+    activity: Activity | None = None
+    peak: int = 0  # most requests in flight at once
+
+
+@dataclass
+class Result:
+    strategy: str
+    requests: int
+    budgets: dict[str, int]
+    outcomes: list[tuple[int, str]] = field(default_factory=list)  # (request id, served | 429 | refused)
+    added: list[float] = field(default_factory=list)  # per served request: seconds it waited
+    ratio: list[float] = field(default_factory=list)  # ... over its model's wake time on that GPU
+    spans: list[tuple[int, str, float, float]] = field(default_factory=list)  # (id, model, start, end)
+    ledger: list[tuple[float, str, int]] = field(default_factory=list)  # (t, GPU, +/- bytes reserved)
+    evictions: list[tuple[float, str, int, str, float]] = field(default_factory=list)  # t, model, in flight, why, ready_at
+    swaps: int = 0
+    wakes: int = 0
+    stray: int = 0  # victims parked on another GPU than the one the newcomer took
+    mem_byte_s: float = 0.0
+    over_seqs: list[str] = field(default_factory=list)  # models whose in-flight peak passed max_num_seqs
+
+    def count(self, what: str) -> int:
+        return sum(1 for _, o in self.outcomes if o == what)
+
+
+def drive(coro):
+    """The value of a coroutine that never suspends (``choose_victims`` with a plain predicate)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("choose_victims suspended; the simulation has no event loop")
+
+
+class Sim:
+    def __init__(self, deploys: list[Deploy], cluster: list[tuple], strategy: str, requests: list, seconds: float):
+        self.gpus = [Gpu(f"{n}:gpu{i}", k, int(BUDGET * GPU_CATALOG[k].memory_bytes),
+                         GPU_CATALOG[k].memory_bandwidth_gbps) for k, n, i in cluster]
+        self.states = {d.model_id: State(d) for d in deploys}
+        self.strategy, self.requests, self.seconds = strategy, requests, seconds
+        self.events: list = []
+        self.seq = itertools.count()
+        self.pending: list[State] = []  # models waiting for room, oldest first
+        self.retries: set[float] = set()
+        self.clock = 0.0
+        self.r = Result(strategy, len(requests), {g.id: g.budget for g in self.gpus})
+
+    def at(self, t: float, kind: str, arg=None) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, arg))
+
+    def run(self) -> Result:
+        for s in self.states.values():
+            if room := self.room(s):
+                self.reserve(s, self.pick(room), 0.0)
+                s.phase = "resident"
+        for i, (t, mid, f) in enumerate(self.requests):
+            self.at(t, "arrive", (i, self.states[mid], f))
+        if self.strategy != "static":
+            self.at(TICK_S, "tick")
+        while self.events:
+            t, _, kind, arg = heapq.heappop(self.events)
+            self.advance(t)
+            getattr(self, "on_" + kind)(t, arg)
+        self.advance(self.seconds)
+        self.r.over_seqs = [s.d.model_id for s in self.states.values() if s.peak > min(s.d.seqs.values())]
+        return self.r
+
+    # -- memory --
+    def advance(self, t: float) -> None:
+        t = min(t, self.seconds)
+        if t > self.clock:
+            self.r.mem_byte_s += sum(g.used for g in self.gpus) * (t - self.clock)
+            self.clock = t
+
+    def room(self, s: State) -> list[Gpu]:
+        return [g for g in self.gpus if g.key in s.d.footprint and g.budget - g.used >= s.d.footprint[g.key]]
+
+    @staticmethod
+    def pick(gpus: list[Gpu]) -> Gpu:
+        return min(gpus, key=lambda g: (g.models, -g.bandwidth, g.id))
+
+    def reserve(self, s: State, g: Gpu, t: float) -> None:
+        g.used += s.d.footprint[g.key]
+        g.models += 1
+        s.gpu = g
+        self.r.ledger.append((t, g.id, s.d.footprint[g.key]))
+
+    def park(self, s: State, t: float, why: str) -> None:
+        self.r.evictions.append((t, s.d.model_id, s.in_flight, why, s.ready_at))
+        g, s.gpu, s.phase = s.gpu, None, "parked"
+        g.used -= s.d.footprint[g.key]
+        g.models -= 1
+        self.r.ledger.append((t, g.id, -s.d.footprint[g.key]))
+        self.r.swaps += why == "room" and t <= self.seconds
+
+    # -- requests --
+    def on_arrive(self, t: float, arg) -> None:
+        i, s, f = arg
+        if s.phase == "resident":
+            self.serve(s, i, t, f, t)
+        elif self.strategy == "static":
+            self.r.outcomes.append((i, "refused"))
+        elif len(s.held) >= HOLD_BOUND:
+            self.r.outcomes.append((i, "429"))
+        else:
+            s.held.append((i, t, f))
+            if s.phase == "parked":
+                s.phase = "pending"
+                self.pending.append(s)
+                self.try_pending(t)
+
+    def serve(self, s: State, i: int, arrival: float, f: float, t: float) -> None:
+        s.in_flight += 1
+        s.started += 1
+        s.peak = max(s.peak, s.in_flight)
+        s.last_request_at = t
+        end = t + f * s.d.service_s[s.gpu.key]
+        self.r.outcomes.append((i, "served"))
+        self.r.added.append(t - arrival)
+        self.r.ratio.append((t - arrival) / s.d.wake_s(s.gpu.key))
+        self.r.spans.append((i, s.d.model_id, t, end))
+        self.at(end, "done", s)
+
+    def on_done(self, t: float, s: State) -> None:
+        s.in_flight -= 1
+        self.try_pending(t)
+
+    def on_woke(self, t: float, s: State) -> None:
+        s.phase, s.ready_at, s.started, s.measured_wake = "resident", t, 0, t - s.wake_from
+        held, s.held = s.held, []
+        for i, arrival, f in held:
+            self.serve(s, i, arrival, f, t)
+
+    def on_retry(self, t: float, _) -> None:
+        self.retries.discard(t)
+        self.try_pending(t)
+
+    def on_tick(self, t: float, _) -> None:
+        for s in self.states.values():
+            since = idle_since(s.last_request_at, s.ready_at)
+            if s.phase == "resident" and sleep_due(SLEEP_TIMEOUT_S, since, s.in_flight, t):
+                self.park(s, t, "timeout")
+            if self.strategy == "hive":  # no engine (parked, waking): its counter reads 0
+                s.activity = update_activity(s.activity, s.in_flight, s.started if s.phase == "resident" else 0,
+                                             s.last_request_at, t)
+        self.try_pending(t)
+        busy = self.pending or any(s.held or s.in_flight or s.phase == "waking" for s in self.states.values())
+        if t < self.seconds or busy:
+            self.at(t + TICK_S, "tick")
+
+    # -- making room --
+    def try_pending(self, t: float) -> None:
+        for s in list(self.pending):
+            if self.try_wake(s, t):
+                self.pending.remove(s)
+
+    def try_wake(self, s: State, t: float) -> bool:
+        room, where = self.room(s), []
+        if not room:
+            victims = self.choose_hive(s, t) if self.strategy == "hive" else self.choose_lru(s)
+            if victims is None:
+                return False
+            where = [self.states[v].gpu.id for v in victims]
+            for v in victims:
+                self.park(self.states[v], t, "room")
+            room = self.room(s)
+        g = self.pick(room)
+        self.r.stray += sum(w != g.id for w in where)
+        self.reserve(s, g, t)
+        s.phase, s.wake_from = "waking", t
+        self.r.wakes += t <= self.seconds
+        self.at(t + s.d.wake_s(g.key), "woke", s)
+        return True
+
+    def fits(self, s: State, chosen: list[str]) -> bool:
+        """Whether ``s`` fits on some GPU once ``chosen`` are parked."""
+        freed: Counter = Counter()
+        for mid in chosen:
+            v = self.states[mid]
+            freed[v.gpu.id] += v.d.footprint[v.gpu.key]
+        return any(g.budget - g.used + freed[g.id] >= s.d.footprint[g.key] for g in self.gpus if g.key in s.d.footprint)
+
+    def choose_hive(self, s: State, t: float) -> list[str] | None:
+        cands = [Candidate(model_id=v.d.model_id, can_sleep=True, priority=0, in_flight=v.in_flight,
+                           rate_per_s=v.activity.rate_per_s if v.activity else 0.0,
+                           wake_cost_s=v.measured_wake or cold_start_estimate_s(v.d.weight_bytes),
+                           resident_since=v.ready_at, last_request_at=v.last_request_at)
+                 for v in self.states.values() if v.phase == "resident"]
+        order, _ = eviction_order(cands, t, MIN_RESIDENCY_S)
+
+        async def fits(chosen: list[str]) -> bool:
+            return self.fits(s, chosen)
+
+        victims = drive(choose_victims(order, fits))
+        end = protection_ends(cands, t, MIN_RESIDENCY_S) if victims is None else None
+        if end is not None and (end := max(end, t + 1e-3)) not in self.retries:
+            self.retries.add(end)
+            self.at(end, "retry")
+        return victims
+
+    def choose_lru(self, s: State) -> list[str] | None:
+        idle = sorted((v for v in self.states.values() if v.phase == "resident" and v.in_flight == 0),
+                      key=lambda v: (max(v.last_request_at or 0.0, v.ready_at), v.d.model_id))
+        for n in range(1, len(idle) + 1):
+            if self.fits(s, [v.d.model_id for v in idle[:n]]):
+                return [v.d.model_id for v in idle[:n]]
+        return None
+
+
+def simulate(deploys: list[Deploy], cluster: list[tuple], strategy: str, requests: list, seconds: float) -> Result:
+    return Sim(deploys, cluster, strategy, requests, seconds).run()
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no data)."""
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(q * len(xs)) - 1)] if xs else 0.0
+
+
+def md(rows: list[tuple]) -> list[str]:
+    width = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, width)) + " |"  # noqa: E731
+    return [line(rows[0]), "|" + "|".join("-" * (w + 2) for w in width) + "|"] + [line(r) for r in rows[1:]]
+
+
+def catalog_rows(deploys: list[Deploy], kinds: list[str], ranks: dict[str, int]) -> list[tuple]:
+    rows = [("model", "Zipf rank", "weights GiB", *(f"footprint {k} GiB" for k in kinds),
+             *(f"wake {k} s" for k in kinds), "full request s")]
+    for d in deploys:
+        rows.append((d.model_id, ranks[d.model_id], f"{d.weight_bytes / GIB:.1f}",
+                     *(f"{d.footprint[k] / GIB:.1f}" if k in d.footprint else "-" for k in kinds),
+                     *(f"{d.wake_s(k):.0f}" if k in d.cold_s else "-" for k in kinds),
+                     f"{min(d.service_s.values()):.1f}"))
+    return rows
+
+
+HEADER = ("load req/s", "strategy", "requests", "served", "429", "refused (no memory)", "added p50 s",
+          "added p99 s", "p99 added / wake", "swaps/h", "cold starts/h", "GPU GiB*h", "saved vs static")
+
+
+def result_rows(rate: float, results: dict[str, Result], seconds: float) -> list[tuple]:
+    per_h = 3600 / seconds
+    return [(f"{rate:g}", STRATEGIES[name], r.requests, r.count("served"), r.count("429"), r.count("refused"),
+             f"{pct(r.added, 0.5):.1f}", f"{pct(r.added, 0.99):.1f}", f"{pct(r.ratio, 0.99):.2f}",
+             f"{r.swaps * per_h:.1f}", f"{r.wakes * per_h:.1f}", f"{r.mem_byte_s / GIB / 3600:.0f}",
+             f"{round(100 - 100 * r.mem_byte_s / results['static'].mem_byte_s)}%") for name, r in results.items()]
+
+
+def targets(rate: float, results: dict[str, Result]) -> list[str]:
+    hive, static, lru = results["hive"], results["static"], results["swapper"]
+    ok = lambda b: "met" if b else "MISSED"  # noqa: E731
+    answered = hive.count("served") + hive.count("429")
+    saved = 1 - hive.mem_byte_s / static.mem_byte_s
+    p99, p99_lru, ratio = pct(hive.added, 0.99), pct(lru.added, 0.99), pct(hive.ratio, 0.99)
+    return [
+        f"* {rate:g} req/s: every request served or 429 by design, none refused for lack of memory: "
+        f"{ok(answered == hive.requests)} ({answered} of {hive.requests}; {hive.count('refused')} refused)",
+        f"* {rate:g} req/s: p99 added <= 1.2 x the model's wake: {ok(ratio <= 1.2)} (p99 of added / wake = "
+        f"{ratio:.2f}; {sum(x > 1.2 for x in hive.ratio)} of {len(hive.ratio)} served requests above 1.2)",
+        f"* {rate:g} req/s: >= 50 % of GPU-memory-seconds saved against static: {ok(saved >= 0.5)} ({round(100 * saved)}%)",
+        f"* {rate:g} req/s: fewer swaps than the LRU swapper at equal or better p99: "
+        f"{ok(hive.swaps < lru.swaps and p99 <= p99_lru)} (swaps {hive.swaps} vs {lru.swaps}; p99 added "
+        f"{p99:.1f} s vs {p99_lru:.1f} s)",
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=7200.0, help="simulated time with arrivals (default 2 h)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the popularity order and the arrivals")
+    ap.add_argument("--rates", default="0.01,0.05,0.25,1", help="total request rates in req/s, comma-separated")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    kinds = list(dict.fromkeys(k for k, _, _ in CLUSTER))
+    deploys = build_deploys(CATALOG, kinds)
+    cluster_gib = sum(GPU_CATALOG[k].memory_bytes for k, _, _ in CLUSTER) / GIB
+    total_gib = sum(min(d.footprint.values()) for d in deploys) / GIB
+    rows, checks, notes, ranks = [HEADER], [], [], {}
+    for rate in (float(x) for x in args.rates.split(",")):
+        requests, ranks = make_requests(deploys, rate, args.seconds, args.seed)
+        results = {name: simulate(deploys, CLUSTER, name, requests, args.seconds) for name in STRATEGIES}
+        rows += result_rows(rate, results, args.seconds)
+        checks += targets(rate, results)
+        notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: {r.stray} of {r.swaps} swaps parked a model on another GPU "
+                  "than the one the newcomer took (the victims are a prefix of one cluster-wide order)"
+                  for n, r in results.items() if r.stray]
+        notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: longest waits " + ", ".join(
+                  f"{m} {w:.0f} s" for w, m in sorted(zip(r.added, (m for _, m, _, _ in r.spans)), reverse=True)[:3])
+                  for n, r in results.items() if n != "static"]
+        notes += [f"* {rate:g} req/s, {STRATEGIES[n]}: in flight passed the planned max_num_seqs for "
+                  f"{', '.join(r.over_seqs)} (held requests let in at once after a wake; no engine queue here)"
+                  for n, r in results.items() if r.over_seqs]
+    print(f"cluster: {', '.join(f'{n}:gpu{i} {k}' for k, n, i in CLUSTER)} = {cluster_gib:.0f} GiB "
+          f"(budget {BUDGET:.2f} x each GPU)")
+    print(f"catalog: {len(deploys)} deploys, footprint {total_gib:.0f} GiB (smallest over the kinds each fits) = "
+          f"{total_gib / cluster_gib:.2f} x the cluster's memory; max_concurrency {CONCURRENCY}")
+    print(f"traffic: {args.seconds:.0f} s of Poisson arrivals, Zipf s={ZIPF_S}, seed {args.seed}; sleep_timeout "
+          f"{SLEEP_TIMEOUT_S:.0f} s, minimum residency {MIN_RESIDENCY_S:.0f} s (hive), hold bound {HOLD_BOUND}, "
+          f"lifecycle tick {TICK_S:.0f} s; wake = cold start + {WARMUP_S:.0f} s warm-up\n")
+    print("\n".join(md(catalog_rows(deploys, kinds, ranks))), "\n")
+    print("\n".join(md(rows)))
+    print("\nTargets (issue 9), Ray Hive:\n" + "\n".join(checks))
+    if notes:
+        print("\nNotes:\n" + "\n".join(notes))
+    print(f"\n{time.perf_counter() - t0:.1f} s; command: python benchmarks/bench_lifecycle.py --seconds "
+          f"{args.seconds:g} --seed {args.seed} --rates {args.rates}")
+
+
+if __name__ == "__main__":
+    main()
