@@ -233,7 +233,7 @@ class Result:
     ratio: list[float] = field(default_factory=list)  # ... over its model's wake time on that GPU
     spans: list[tuple[int, str, float, float]] = field(default_factory=list)  # (id, model, start, end)
     ledger: list[tuple[float, str, int]] = field(default_factory=list)  # (t, GPU, +/- bytes reserved)
-    evictions: list[tuple[float, str, int, str, float]] = field(default_factory=list)  # t, model, in flight, why, ready_at
+    evictions: list[tuple[float, str, int, str, float, float]] = field(default_factory=list)  # t, model, in flight, why, ready_at, the newcomer's wait
     swaps: int = 0
     wakes: int = 0
     stray: int = 0  # victims parked on another GPU than the one the newcomer took
@@ -307,8 +307,8 @@ class Sim:
         s.gpu = g
         self.r.ledger.append((t, g.id, s.d.footprint[g.key]))
 
-    def park(self, s: State, t: float, why: str) -> None:
-        self.r.evictions.append((t, s.d.model_id, s.in_flight, why, s.ready_at))
+    def park(self, s: State, t: float, why: str, waited: float = 0.0) -> None:
+        self.r.evictions.append((t, s.d.model_id, s.in_flight, why, s.ready_at, waited))
         g, s.gpu, s.phase = s.gpu, None, "parked"
         g.used -= s.d.footprint[g.key]
         g.models -= 1
@@ -383,8 +383,9 @@ class Sim:
             if victims is None:
                 return False
             where = [self.states[v].gpu.id for v in victims]
+            waited = t - min((arrival for _, arrival, _ in s.held), default=t)
             for v in victims:
-                self.park(self.states[v], t, "room")
+                self.park(self.states[v], t, "room", waited)
             room = self.room(s)
         g = self.pick(room)
         self.r.stray += sum(w != g.id for w in where)
@@ -406,15 +407,16 @@ class Sim:
         cands = [Candidate(model_id=v.d.model_id, can_sleep=True, priority=0, in_flight=v.in_flight,
                            rate_per_s=v.activity.rate_per_s if v.activity else 0.0,
                            wake_cost_s=v.measured_wake or cold_start_estimate_s(v.d.weight_bytes),
-                           resident_since=v.ready_at, last_request_at=v.last_request_at)
+                           resident_since=v.ready_at, last_request_at=v.last_request_at, devices=[v.gpu.id])
                  for v in self.states.values() if v.phase == "resident"]
-        order, _ = eviction_order(cands, t, MIN_RESIDENCY_S)
+        since = min(arrival for _, arrival, _ in s.held) if s.held else t
+        order, _ = eviction_order(cands, t, MIN_RESIDENCY_S, waited_s=t - since)
 
         async def fits(chosen: list[str]) -> bool:
             return self.fits(s, chosen)
 
         victims = drive(choose_victims(order, fits))
-        end = protection_ends(cands, t, MIN_RESIDENCY_S) if victims is None else None
+        end = protection_ends(cands, t, MIN_RESIDENCY_S, since) if victims is None else None
         if end is not None and (end := max(end, t + 1e-3)) not in self.retries:
             self.retries.add(end)
             self.at(end, "retry")

@@ -14,9 +14,13 @@ Rules (README "Lifecycle"):
   have been resident for at least the minimum residency. They are taken in order of
   (priority, expected cost, least recently used), where expected cost = recent request rate
   x wake cost (the seconds their next request would wait). Victims are added one at a time
-  until the newcomer fits; if it never fits, nothing is evicted.
-- A model that just woke keeps its place for the minimum residency; the wait for room is
-  then retried when the earliest protection ends (the held requests keep waiting).
+  until the newcomer fits, first among the models of one device at a time (the cheapest
+  such set wins: nothing is evicted from a device the newcomer will not use), then over all
+  devices; if it never fits, nothing is evicted.
+- A model that just woke keeps its place for the minimum residency, unless the model that
+  needs the room has itself waited that long (so two models that alternate swap at most
+  once per minimum residency, and nobody waits much longer than it for a protection). The
+  wait for room is retried when the earliest protection ends (held requests keep waiting).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pydantic import BaseModel
 # Cold start of a model that is parked: the engine process starts again and reloads weights.
 # Used for the wake cost until the model's own wake was measured. Seconds = fixed + per GiB.
 COLD_START_FIXED_S = 20.0
-COLD_START_S_PER_GIB = 1.0
+COLD_START_S_PER_GIB = 1.3  # vLLM's 97.5 s cold start of a 235B FP8 model, TP4, on A100 (benchmarks/bench_lifecycle.py)
 RATE_HALF_LIFE_S = 60.0  # how fast the request-rate estimate forgets
 
 
@@ -89,6 +93,7 @@ class Candidate(BaseModel):
     wake_cost_s: float
     resident_since: float  # when it last became ready (deploy or wake)
     last_request_at: float | None = None
+    devices: list[str] = []  # where its replicas hold memory
 
     @property
     def expected_cost(self) -> float:
@@ -101,9 +106,14 @@ class Refusal(BaseModel):
     reason: str
 
 
-def eviction_order(candidates: list[Candidate], now: float, min_residency_s: float) -> tuple[list[Candidate], list[Refusal]]:
-    """The models that may be evicted, cheapest first, and why each other one may not."""
+def eviction_order(candidates: list[Candidate], now: float, min_residency_s: float,
+                   waited_s: float = 0.0) -> tuple[list[Candidate], list[Refusal]]:
+    """The models that may be evicted, cheapest first, and why each other one may not.
+    ``waited_s``: how long the model that needs the room has waited (past the minimum
+    residency, protections no longer hold against it)."""
     allowed, refused = [], []
+    if waited_s >= min_residency_s:
+        min_residency_s = 0.0
     for c in candidates:
         if not c.can_sleep:
             refused.append(Refusal(model_id=c.model_id, reason="has no sleep_timeout (never evicted)"))
@@ -121,22 +131,45 @@ def eviction_order(candidates: list[Candidate], now: float, min_residency_s: flo
     return allowed, refused
 
 
-def protection_ends(candidates: list[Candidate], now: float, min_residency_s: float) -> float | None:
-    """When the earliest minimum-residency protection of an otherwise evictable model ends."""
+def protection_ends(candidates: list[Candidate], now: float, min_residency_s: float,
+                    waited_since: float | None = None) -> float | None:
+    """When the next try to make room may find more: the earliest minimum-residency protection
+    of an otherwise evictable model ends, or the waiting model has waited the minimum residency."""
+    if waited_since is not None and now - waited_since >= min_residency_s:
+        return None  # protections no longer hold against it: only a request ending frees more
     ends = [c.resident_since + min_residency_s for c in candidates
             if c.can_sleep and not c.keep_resident and c.in_flight == 0 and now - c.resident_since < min_residency_s]
+    if ends and waited_since is not None:
+        ends.append(waited_since + min_residency_s)
     return min(ends) if ends else None
 
 
-async def choose_victims(order: list[Candidate], fits: Callable[[list[str]], Awaitable[bool]]) -> list[str] | None:
-    """The shortest prefix of ``order`` whose memory, freed, lets the newcomer fit; None when even
-    all of them would not do (then nobody is evicted for nothing)."""
-    chosen: list[str] = []
+async def _prefix(order: list[Candidate], fits: Callable[[list[str]], Awaitable[bool]]) -> list[Candidate] | None:
+    chosen: list[Candidate] = []
     for c in order:
-        chosen.append(c.model_id)
-        if await fits(chosen):
+        chosen.append(c)
+        if await fits([v.model_id for v in chosen]):
             return chosen
     return None
+
+
+def _cost(victims: list[Candidate]) -> tuple:
+    return (max(v.priority for v in victims), sum(v.expected_cost for v in victims), len(victims))
+
+
+async def choose_victims(order: list[Candidate], fits: Callable[[list[str]], Awaitable[bool]]) -> list[str] | None:
+    """The cheapest set of victims whose memory, freed, lets the newcomer fit: per device, the
+    shortest prefix of ``order`` among that device's models; failing that, the shortest prefix
+    over all devices. None when even all of them would not do (then nobody is evicted for nothing)."""
+    devices = sorted({d for c in order for d in c.devices})
+    best: list[Candidate] | None = None
+    for dev in devices:
+        found = await _prefix([c for c in order if dev in c.devices], fits)
+        if found is not None and (best is None or _cost(found) < _cost(best)):
+            best = found
+    if best is None:
+        best = await _prefix(order, fits)
+    return [v.model_id for v in best] if best is not None else None
 
 
 def held_verdict(held: int, bound: int) -> bool:

@@ -157,9 +157,9 @@ class Admin:
             return await self._plan(spec)
         except AdminError as first:
             planning_error = first
-        deadline = time.monotonic() + self.settings.hold_timeout_s
+        deadline, began = time.monotonic() + self.settings.hold_timeout_s, time.time()
         while time.monotonic() < deadline:
-            room = await self.lifecycle.make_room(spec)
+            room = await self.lifecycle.make_room(spec, began)
             if room.plan is not None:
                 return room.plan
             if room.waiting_for:

@@ -140,7 +140,8 @@ class Lifecycle:
         wake = rec.last_wake.total_s if rec.last_wake else cold_start_estimate_s(rec.plan.profile.weight_bytes)
         return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, keep_resident=rec.spec.keep_resident,
                          priority=rec.spec.priority, in_flight=act.in_flight, rate_per_s=act.rate_per_s,
-                         wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at)
+                         wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at,
+                         devices=sorted({d for rp in rec.plan.replicas for d in rp.devices}))
 
     async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int]) -> Any:
         """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices."""
@@ -158,8 +159,9 @@ class Lifecycle:
                     freed[dev] = freed.get(dev, 0) + r.held_bytes
         return freed
 
-    async def make_room(self, spec: ModelSpec) -> Room:
+    async def make_room(self, spec: ModelSpec, waiting_since: float | None = None) -> Room:
         """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.
+        ``waiting_since``: when its first request (or its deploy) began to wait.
 
         Models already draining count as freed: their memory is on its way back, so a retry
         never evicts more than needed."""
@@ -175,7 +177,8 @@ class Lifecycle:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
-        order, refused = eviction_order(candidates, now, self.settings.min_residency_s)
+        waited = now - waiting_since if waiting_since is not None else 0.0
+        order, refused = eviction_order(candidates, now, self.settings.min_residency_s, waited)
 
         async def fits(victims: list[str]) -> bool:
             freed = {**base}
@@ -192,7 +195,7 @@ class Lifecycle:
             return Room(evicting=victims, waiting_for=victims + draining)
         if not await fits([c.model_id for c in candidates]):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
-        retry = protection_ends(candidates, now, self.settings.min_residency_s)
+        retry = protection_ends(candidates, now, self.settings.min_residency_s, waiting_since)
         holders = "; ".join(f"{r.model_id} ({r.reason})" for r in refused) or "none"
         return Room(retry_at=retry, status_code=503,
                     error=f"no room for {spec.model_id}: the memory it needs is held by models that cannot be "

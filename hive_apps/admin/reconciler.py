@@ -196,7 +196,7 @@ class Reconciler:
             await self._ask("wake_failed", rec, version=rec.version,
                             reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
             return 0.0
-        room = await self.lifecycle.make_room(rec.spec)
+        room = await self.lifecycle.make_room(rec.spec, rec.wake_requested_at)
         evicted = self.evicted_for.setdefault(rec.model_id, set())
         evicted.update(room.evicting)
         if room.plan is None:

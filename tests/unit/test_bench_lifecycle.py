@@ -81,18 +81,20 @@ def test_no_model_is_evicted_with_requests_in_flight(runs, strategy):
     for _, model, start, end in r.spans:
         spans[model].append((start, end))
     assert r.evictions
-    for t, model, in_flight, _, _ in r.evictions:
+    for t, model, in_flight, *_ in r.evictions:
         assert in_flight == 0
         busy = [(s, e) for s, e in spans[model] if s <= t < e]
         assert not busy, f"{model} parked at t={t:.1f} while serving {busy}"
 
 
 def test_the_hive_keeps_a_model_that_just_woke_for_the_minimum_residency(runs):
+    """...unless the model that needs the room has itself waited that long."""
     r = runs[1]["hive"]
-    room = [(t, model, ready) for t, model, _, why, ready in r.evictions if why == "room"]
+    room = [(t, model, ready, waited) for t, model, _, why, ready, waited in r.evictions if why == "room"]
     assert room
-    for t, model, ready in room:
-        assert t - ready >= bench.MIN_RESIDENCY_S - 1e-9, f"{model} evicted {t - ready:.1f} s after it woke"
+    for t, model, ready, waited in room:
+        assert t - ready >= bench.MIN_RESIDENCY_S - 1e-9 or waited >= bench.MIN_RESIDENCY_S - 1e-9, \
+            f"{model} evicted {t - ready:.1f} s after it woke, for a model that waited {waited:.1f} s"
 
 
 def test_a_full_hold_queue_answers_429_and_loses_nothing(deploys, monkeypatch):
