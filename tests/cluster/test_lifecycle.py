@@ -27,6 +27,15 @@ def wait_status(hive, model_id: str, status: str, timeout: float = 30.0) -> dict
         time.sleep(0.25)
 
 
+def wait_parked(hive, model_id: str, timeout: float = 30.0) -> dict:
+    """Sleeping and drained: its engines are gone and its memory released."""
+    deadline = time.time() + timeout
+    while (body := hive.admin.get(f"/models/{model_id}").json())["resident"]:
+        assert time.time() < deadline, body
+        time.sleep(0.2)
+    return body
+
+
 def chat(model_id: str, content: str = "hi", **kw) -> dict:
     return {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": 3, **kw}
 
@@ -37,7 +46,8 @@ def test_idle_model_parks_and_requests_wake_it(clean):
                                vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 1.5}))
     assert r.status_code == 200, r.text
     assert httpx.post(f"{hive.url}/v1/chat/completions", json=chat("nap"), headers=AUTH, timeout=30).status_code == 200
-    body = wait_status(hive, "nap", "sleeping")
+    wait_status(hive, "nap", "sleeping")
+    body = wait_parked(hive, "nap")
     assert body["sleep_mode"] == "parked" and body["resident"] is False
     gpu = hive.gpus()["node-b:gpu0"]
     assert gpu["reserved_bytes"] == 0 and gpu["dormant"] == ["nap/r0"]
@@ -71,9 +81,7 @@ def test_hold_queue_is_bounded(clean):
     hive = clean
     hive.deploy(**sim_spec("crowd", gpu="node-b:gpu0", sleep_timeout=1,
                            vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 4}))
-    wait_status(hive, "crowd", "sleeping")
-    while hive.admin.get("/models/crowd").json()["resident"]:
-        time.sleep(0.2)
+    wait_parked(hive, "crowd")
 
     async def crowd():
         async with httpx.AsyncClient(timeout=60) as client:
@@ -123,3 +131,52 @@ def test_idle_destroy_frees_memory_and_requests_learn_why(clean):
     r = httpx.post(f"{hive.url}/v1/chat/completions", json=chat("brief"), headers=AUTH, timeout=30)
     assert r.status_code == 404 and "destroyed" in r.json()["error"]["message"]
     assert hive.deploy(**sim_spec("brief", gpu="node-b:gpu2")).status_code == 200  # the memory is free again
+
+
+def park(hive, model_id: str, **spec) -> None:
+    assert hive.deploy(**sim_spec(model_id, sleep_timeout=1, **spec)).status_code == 200
+    wait_parked(hive, model_id)
+
+
+@pytest.mark.parametrize("app", ["hive-admin", "hive-registry"])
+def test_a_control_plane_kill_during_a_wake_loses_no_held_request(clean, app):
+    import ray
+
+    hive = clean
+    park(hive, "steady", gpu="node-b:gpu0", vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 3})
+
+    async def held_while_killed():
+        async with httpx.AsyncClient(timeout=120) as client:
+            asks = [asyncio.create_task(client.post(f"{hive.url}/v1/chat/completions", json=chat("steady", f"q{i}"),
+                                                    headers=AUTH)) for i in range(3)]
+            await asyncio.sleep(1.0)
+            actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{app}#" in a["name"]]
+            ray.kill(ray.get_actor(actors[0], namespace="serve"), no_restart=True)
+            return await asyncio.gather(*asks)
+
+    answers = asyncio.run(held_while_killed())
+    for a in answers:  # served, or a clean OpenAI error; never a 500 or a hang
+        assert a.status_code == 200 or (a.status_code == 503 and a.json()["error"]["message"]), a.text
+    assert sum(a.status_code == 200 for a in answers) >= 1, [a.text for a in answers]
+    wait_status(hive, "steady", "ready", timeout=90)
+
+
+def test_delete_lets_in_flight_requests_finish(clean):
+    hive = clean
+    assert hive.deploy(**sim_spec("leaving", gpu="node-b:gpu0", vllm_kwargs={"sim_tokens_per_s": 20})).status_code == 200
+
+    async def stream_then_delete():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def streamed() -> list[str]:
+                async with client.stream("POST", f"{hive.url}/v1/chat/completions", headers=AUTH,
+                                         json=chat("leaving", max_tokens=40, stream=True)) as resp:
+                    return [line async for line in resp.aiter_lines() if line]
+
+            stream = asyncio.create_task(streamed())
+            await asyncio.sleep(0.5)
+            deleted = await asyncio.to_thread(hive.admin.delete, "/models/leaving")
+            return await stream, deleted
+
+    lines, deleted = asyncio.run(stream_then_delete())
+    assert deleted.status_code == 200
+    assert lines[-1] == "data: [DONE]" and sum(line.startswith("data: {") for line in lines) >= 40
