@@ -44,22 +44,23 @@ class Activity(BaseModel):
     last_request_at: float | None = None  # wall time of the last request any replica took
     rate_per_s: float = 0.0  # recent request rate (decaying average)
     sampled_at: float = 0.0
+    pressures: dict[int, float] = {}  # replica index -> (running + waiting) / planned max_num_seqs
 
 
 def update_activity(prev: Activity | None, in_flight: int, requests_total: int,
-                    last_request_at: float | None, now: float) -> Activity:
+                    last_request_at: float | None, now: float, pressures: dict[int, float] | None = None) -> Activity:
     """Fold a new reading into the decaying request rate; counters that went backwards mean
     the engines restarted, so only the new count is taken."""
     if prev is None or prev.sampled_at <= 0:
         return Activity(in_flight=in_flight, requests_total=requests_total, last_request_at=last_request_at,
-                        sampled_at=now)
+                        sampled_at=now, pressures=pressures or {})
     dt = max(1e-6, now - prev.sampled_at)
     new = requests_total - prev.requests_total if requests_total >= prev.requests_total else requests_total
     keep = 0.5 ** (dt / RATE_HALF_LIFE_S)
     rate = prev.rate_per_s * keep + (new / dt) * (1 - keep)
     last = max((t for t in (prev.last_request_at, last_request_at) if t is not None), default=None)
     return Activity(in_flight=in_flight, requests_total=requests_total, last_request_at=last,
-                    rate_per_s=rate, sampled_at=now)
+                    rate_per_s=rate, sampled_at=now, pressures=pressures or {})
 
 
 def idle_since(last_request_at: float | None, ready_at: float | None) -> float | None:
@@ -172,6 +173,35 @@ async def choose_victims(order: list[Candidate], fits: Callable[[list[str]], Awa
     return [v.model_id for v in best] if best is not None else None
 
 
-def held_verdict(held: int, bound: int) -> bool:
-    """Whether one more request may wait for a waking model."""
-    return held < bound
+SCALE_UP_ABOVE = 0.8
+SCALE_DOWN_BELOW = 0.2
+
+
+class ScaleClock(BaseModel):
+    """Since when every replica has been above (below) its threshold; None when not."""
+
+    above_since: float | None = None
+    below_since: float | None = None
+
+
+def replica_to_retire(pressures: dict[int, float]) -> int:
+    """The least loaded replica; of equals, the newest."""
+    return min(pressures, key=lambda i: (pressures[i], -i))
+
+
+def scale_decision(pressures: list[float], bounds: tuple[int, int], clock: ScaleClock, now: float,
+                   window_s: float) -> tuple[int, ScaleClock]:
+    """+1, -1 or 0 replicas, and the clock to keep. ``pressures``: each live replica's load
+    relative to its planned capacity (running + waiting over max_num_seqs)."""
+    if not pressures:
+        return 0, ScaleClock()
+    above = all(p > SCALE_UP_ABOVE for p in pressures)
+    below = all(p < SCALE_DOWN_BELOW for p in pressures)
+    clock = ScaleClock(above_since=(clock.above_since or now) if above else None,
+                       below_since=(clock.below_since or now) if below else None)
+    low, high = bounds
+    if clock.above_since is not None and now - clock.above_since >= window_s and len(pressures) < high:
+        return 1, ScaleClock()
+    if clock.below_since is not None and now - clock.below_since >= window_s and len(pressures) > low:
+        return -1, ScaleClock()
+    return 0, clock

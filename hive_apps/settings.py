@@ -60,6 +60,7 @@ class HiveSettings(BaseSettings):
     drain_grace_s: float = Field(30.0, ge=0, description="Longest a replica that is put to sleep or deleted waits for its in-flight requests.")
     min_residency_s: float = Field(60.0, ge=0, description="A model that woke is not evicted for another before this many seconds.")
     lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")
+    scale_window_s: float = Field(30.0, gt=0, description="How long every replica must stay above 80 % (below 20 %) of its planned capacity before one is added (removed).")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")

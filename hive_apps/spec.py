@@ -76,6 +76,15 @@ class ModelSpec(BaseModel):
         False, description="Never put to sleep to make room for another model (its own sleep_timeout still applies). "
                            "Needs sleep_timeout: models without one are never evicted anyway.",
     )
+    min_replicas: int | None = Field(
+        None, ge=1, le=1024,
+        description="With max_replicas: the fewest replicas load may scale the model down to (default: replicas).",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=1024,
+        description="Turns on load-driven replicas: another replica is placed when every replica stays above 80 % of "
+                    "its planned capacity for HIVE_SCALE_WINDOW_S, one is drained and removed below 20 %.",
+    )
     engine: EngineKind = EngineKind.VLLM
     max_queued_requests: int | None = Field(
         None, ge=0,
@@ -190,6 +199,29 @@ class ModelSpec(BaseModel):
                     f"{name} only orders or prevents evictions, and only models with a sleep_timeout are ever "
                     f"evicted; set sleep_timeout too, or leave {name} out")
         return self
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> "ModelSpec":
+        if self.min_replicas is not None and self.max_replicas is None:
+            raise ValueError("min_replicas needs max_replicas (load-driven replicas are on only with max_replicas); "
+                             "set max_replicas too, or leave min_replicas out")
+        if self.max_replicas is None:
+            return self
+        if self.gpu is not None or self.replicas == -1:
+            raise ValueError("max_replicas scales replicas the hive places; it cannot be combined with gpu pins or "
+                             "replicas=-1")
+        low = self.min_replicas if self.min_replicas is not None else self.replicas
+        if not low <= self.replicas <= self.max_replicas:
+            raise ValueError(f"need min_replicas <= replicas <= max_replicas, got {low} <= {self.replicas} <= "
+                             f"{self.max_replicas}")
+        return self
+
+    @property
+    def replica_bounds(self) -> tuple[int, int] | None:
+        """(fewest, most) replicas load may move the model between; None when scaling is off."""
+        if self.max_replicas is None:
+            return None
+        return (self.min_replicas if self.min_replicas is not None else self.replicas), self.max_replicas
 
     @property
     def can_sleep(self) -> bool:

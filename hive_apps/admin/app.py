@@ -130,7 +130,7 @@ class Admin:
                 view = await self.registry.watch.remote(after, WATCH_S)
                 after, self.records = view.version, view.models
                 for rec in view.models:  # wake only the loops of records that changed
-                    if seen.get(rec.model_id) != rec.version and rec.status is not ModelStatus.READY:
+                    if seen.get(rec.model_id) != rec.version and (rec.status is not ModelStatus.READY or rec.retiring):
                         self.reconciler.ensure(rec.model_id)
                 seen = {rec.model_id: rec.version for rec in view.models}
                 if time.time() - swept_at > SWEEP_S:

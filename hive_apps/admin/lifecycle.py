@@ -26,6 +26,9 @@ from hive_apps.lifecycle import (
     eviction_order,
     idle_since,
     protection_ends,
+    replica_to_retire,
+    scale_decision,
+    ScaleClock,
     sleep_due,
     update_activity,
 )
@@ -56,6 +59,7 @@ class Lifecycle:
         self.cluster = cluster
         self.settings = settings
         self.activity: dict[str, Activity] = {}
+        self.clocks: dict[str, ScaleClock] = {}  # load-driven replicas: since when all are busy / idle
         self._handles: dict[tuple[str, int, int], Any] = {}
 
     @property
@@ -73,9 +77,11 @@ class Lifecycle:
             self._handles[key] = self.cluster.engine_handle(rec.model_id, index)
         return self._handles[key]
 
-    async def read(self, rec: ModelRecord, now: float) -> Activity | None:
-        """Sum the engines' own counts; None when some replica does not answer (no decision then)."""
-        live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+    async def read(self, rec: ModelRecord, now: float, indices: list[int] | None = None) -> Activity | None:
+        """Sum the engines' own counts; None when some replica does not answer (no decision then).
+        ``indices``: only these replicas (a drain of one), not folded into the model's activity."""
+        live = indices if indices is not None else [
+            rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
         try:
             loads = await asyncio.gather(*(asyncio.wait_for(self._handle(rec, i).load.remote(), LOAD_TIMEOUT_S)
                                            for i in live))
@@ -84,8 +90,11 @@ class Lifecycle:
             return None
         in_flight = sum(max(ld.in_flight, ld.running + ld.waiting) for ld in loads)
         last = max((ld.last_request_at for ld in loads if ld.last_request_at is not None), default=None)
-        act = update_activity(self.activity.get(rec.model_id), in_flight, sum(ld.requests_total for ld in loads), last, now)
-        self.activity[rec.model_id] = act
+        pressures = {i: (ld.running + ld.waiting) / max(1, ld.max_num_seqs) for i, ld in zip(live, loads)}
+        prev = self.activity.get(rec.model_id) if indices is None else None
+        act = update_activity(prev, in_flight, sum(ld.requests_total for ld in loads), last, now, pressures)
+        if indices is None:
+            self.activity[rec.model_id] = act
         return act
 
     def forget(self, keep: set[str]) -> None:
@@ -98,13 +107,18 @@ class Lifecycle:
         """One look at every model that has a timeout; the ids it asked transitions for."""
         now, asked = time.time(), []
         self.forget({r.model_id for r in records if r.status in SERVING and r.resident})
+        self.clocks = {k: c for k, c in self.clocks.items() if k in self.activity}
         for rec in records:
             spec = rec.spec
-            if spec.sleep_timeout is None and spec.idle_timeout is None:
+            if spec.sleep_timeout is None and spec.idle_timeout is None and spec.replica_bounds is None:
                 continue
             if rec.status in (ModelStatus.READY, ModelStatus.DEGRADED) and rec.resident:
                 act = await self.read(rec, now)
                 if act is None:
+                    continue
+                if rec.status is ModelStatus.READY and spec.replica_bounds and not rec.retiring \
+                        and await self._scale(rec, act, now):
+                    asked.append(rec.model_id)
                     continue
                 since = idle_since(act.last_request_at, rec.resident_since)
                 if destroy_due(spec.idle_timeout, since, act.in_flight, now):
@@ -120,6 +134,24 @@ class Lifecycle:
                     await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
                     asked.append(rec.model_id)
         return asked
+
+    async def _scale(self, rec: ModelRecord, act: Activity, now: float) -> bool:
+        """Add or retire one replica when load stayed high or low for the window (README "Lifecycle")."""
+        step, self.clocks[rec.model_id] = scale_decision(list(act.pressures.values()), rec.spec.replica_bounds,
+                                                         self.clocks.get(rec.model_id, ScaleClock()), now,
+                                                         self.settings.scale_window_s)
+        if step < 0:
+            return (await self._ask("retire", rec, version=rec.version, index=replica_to_retire(act.pressures))).ok
+        if step > 0:
+            one = rec.spec.model_copy(update={"replicas": 1, "min_replicas": None, "max_replicas": None})
+            outcome = await self.planner.plan.remote(one, await self.registry.capacities.remote())
+            if outcome.plan is None:
+                log.info("%s: no room for another replica: %s", rec.model_id, outcome.error)
+                return False
+            replica = outcome.plan.replicas[0].model_copy(
+                update={"index": max(rp.index for rp in rec.plan.replicas) + 1})
+            return (await self._ask("scale_up", rec, version=rec.version, replica=replica.model_dump())).ok
+        return False
 
     @staticmethod
     def _idle_reason(spec: ModelSpec, since: float, now: float) -> str:

@@ -130,6 +130,8 @@ class Reconciler:
             await self._remove_app(model_id)
             await self._ask("deleted", rec, version=rec.version)
             return None
+        if rec.retiring and rec.status in (ModelStatus.READY, ModelStatus.DEGRADED):
+            return await self._retire(rec)
         if rec.status is ModelStatus.SLEEPING:
             return await self._sleeping(rec)
         if rec.status is ModelStatus.WAKING and not rec.resident:
@@ -170,6 +172,24 @@ class Reconciler:
                             rec.model_id, act.in_flight, self.settings.drain_grace_s)
                 return
             await asyncio.sleep(POLL_S)
+
+    async def _retire(self, rec: ModelRecord) -> float | None:
+        """Scale down: routers already skip the retiring replicas; drain them, rebuild the app
+        without them (the other engines keep their versions, so they stay), then ``retired``."""
+        deadline = time.time() + self.settings.drain_grace_s
+        while time.time() < deadline:
+            act = await self.lifecycle.read(rec, time.time(), rec.retiring)
+            if act is None or act.in_flight == 0:
+                break
+            await asyncio.sleep(POLL_S)
+        await self._run_without(rec, rec.retiring)
+        await self._ask("retired", rec, version=rec.version)
+        return 0.0
+
+    async def _run_without(self, rec: ModelRecord, indices: list[int]) -> None:
+        kept = rec.plan.model_copy(update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in indices]})
+        await off_loop(self.cluster.run_model_app, rec.model_id, kept, rec.spec.max_queued_requests,
+                       rec.placed_at, timeout=SERVE_TIMEOUT_S)
 
     async def _sleeping(self, rec: ModelRecord) -> float | None:
         """Drain, then park: the app keeps its router (route, held requests) and loses its engines."""
@@ -269,9 +289,12 @@ class Reconciler:
         return 0.0
 
     async def _fail(self, rec: ModelRecord, reason: str) -> None:
-        name = {ModelStatus.DEPLOYING: "fail", ModelStatus.WAKING: "wake_failed"}.get(rec.status, "heal_failed")
+        name = {ModelStatus.DEPLOYING: "fail", ModelStatus.WAKING: "wake_failed",
+                ModelStatus.SCALING: "scale_failed"}.get(rec.status, "heal_failed")
         if name == "wake_failed":
             await self._park_app(rec)  # nothing of the failed start stays
+        elif name == "scale_failed":
+            await self._run_without(rec, rec.healing_replicas)
         await self._ask(name, rec, version=rec.version, reason=reason)
 
     async def _engine_infos(self, rec: ModelRecord, indices: list[int]) -> dict[str, dict | None]:

@@ -23,6 +23,10 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     placed        waking (not resident)         waking, resident        admin: planned and room made
     wake_failed   waking                        sleeping                admin: no room, or the engine failed
     destroy       ready | degraded | sleeping   deleting (destroying)   admin: idle past idle_timeout
+    scale_up      ready                         scaling                 admin: every replica busy for a window
+    scale_failed  scaling                       ready                   admin: the added replica did not start
+    retire        ready                         (same), one retiring    admin: every replica idle for a window
+    retired       ready (retiring)              (same), one fewer       admin: it drained and its engine is gone
     node_lost     any                           degraded where serving  registry: a node died
     drift         any                           (same)                  registry: measured vs reserved
 """
@@ -314,6 +318,60 @@ class ModelBook:
         rec.message = f"destroying: {reason}"
         return self._commit(rec)
 
+    # --- load-driven replicas ---------------------------------------------------------------
+    def scale_up(self, model_id: str, version: int, replica: ReplicaPlan, now: float) -> Change:
+        """One more replica, placed where the planner put it: reserve it and extend the plan."""
+        rec = self._current(model_id, "scale_up", version, (ModelStatus.READY,))
+        if rec.retiring or replica.index in {rp.index for rp in rec.plan.replicas}:
+            raise TransitionError(f"scale_up: {model_id!r} is retiring a replica, or r{replica.index} exists")
+        new = Reservation.for_replica(model_id, replica)
+        try:
+            self.ledger.reserve([new])
+        except ReservationError as e:
+            raise TransitionError(e.message, e.status_code) from None
+        rec.plan = rec.plan.model_copy(update={"replicas": [*rec.plan.replicas, replica]})
+        rec.plan_generation += 1
+        rec.placed_at[replica.index] = rec.plan_generation
+        rec.status, rec.healing_replicas, rec.starting_since = ModelStatus.SCALING, [replica.index], now
+        rec.message = f"scaling up: starting {names.replica_label(replica.index)} on {'+'.join(replica.devices)}"
+        return self._commit(rec, saved=[new])
+
+    def _without(self, rec: ModelRecord, indices: list[int]) -> list[str]:
+        """Drop replicas from the plan (their app was already rebuilt without them) and free them."""
+        rec.plan = rec.plan.model_copy(update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in indices]})
+        rec.plan_generation += 1
+        rec.applied_generation = rec.plan_generation
+        for i in indices:
+            rec.placed_at.pop(i, None)
+            rec.engine_start_s.pop(names.replica_label(i), None)
+            rec.warm_up_s.pop(names.replica_label(i), None)
+        return self._release(self._keys(rec.model_id, indices))
+
+    def scale_failed(self, model_id: str, version: int, reason: str) -> Change:
+        rec = self._current(model_id, "scale_failed", version, (ModelStatus.SCALING,))
+        forgotten = self._without(rec, rec.healing_replicas)
+        rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
+        rec.healing_replicas, rec.message = [], f"could not add a replica for load: {reason}"
+        return self._commit(rec, forgotten=forgotten)
+
+    def retire(self, model_id: str, version: int, index: int) -> Change:
+        """Routers stop sending to this replica from now on; the admin drains and removes it."""
+        rec = self._current(model_id, "retire", version, (ModelStatus.READY,))
+        if index not in {rp.index for rp in rec.plan.replicas} or len(rec.plan.replicas) - len(rec.retiring) <= 1:
+            raise TransitionError(f"retire: {model_id!r} has no replica r{index} to spare")
+        rec.retiring = sorted({*rec.retiring, index})
+        rec.message = f"scaling down: draining {names.replica_label(index)}"
+        return self._commit(rec)
+
+    def retired(self, model_id: str, version: int) -> Change:
+        rec = self._current(model_id, "retired", version, (ModelStatus.READY, ModelStatus.DEGRADED))
+        if not rec.retiring:
+            raise TransitionError(f"retired: {model_id!r} retires no replica")
+        done = [names.replica_label(i) for i in rec.retiring]
+        forgotten = self._without(rec, rec.retiring)
+        rec.retiring, rec.message = [], f"scaled down: removed {', '.join(done)}"
+        return self._commit(rec, forgotten=forgotten)
+
     # --- transitions the registry makes itself --------------------------------------------------
     def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> list[Change]:
         """Free what replicas on dead nodes held and mark them lost.
@@ -332,7 +390,8 @@ class ModelBook:
             label = names.replica_label(r.replica)
             rec.lost_replicas[label] = f"node of {', '.join(r.devices)} died"
             rec.healing_replicas = [i for i in rec.healing_replicas if i != r.replica]
-            if rec.status is ModelStatus.READY or (rec.status is ModelStatus.HEALING and not rec.healing_replicas):
+            if rec.status is ModelStatus.READY or (rec.status in (ModelStatus.HEALING, ModelStatus.SCALING)
+                                                   and not rec.healing_replicas):
                 rec.status = ModelStatus.DEGRADED
             if rec.status in SERVING or rec.status is ModelStatus.DEPLOYING:
                 rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"

@@ -60,8 +60,9 @@ class StartLockState(BaseModel):
 
 # transitions the registry's callers may ask for, and the ModelBook method of each
 ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted",
-         "sleep", "parked", "wake", "placed", "wake_failed", "destroy"}
-NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "parked", "wake", "placed", "wake_failed"}
+         "sleep", "parked", "wake", "placed", "wake_failed", "destroy", "scale_up", "scale_failed", "retire", "retired"}
+NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "parked", "wake", "placed", "wake_failed",
+       "scale_up"}
 
 
 class Registry:
@@ -229,7 +230,7 @@ class Registry:
         """Apply one named transition (``registry/control.py`` lists them)."""
         if name not in ASKED:
             return Outcome(ok=False, status_code=400, message=f"unknown transition {name!r}")
-        if name in ("create", "heal", "placed"):
+        if name in ("create", "heal", "placed", "scale_up"):
             await self._ready()
         if name in NOW:
             kwargs["now"] = time.time()
@@ -239,6 +240,9 @@ class Registry:
             elif name == "heal":
                 kwargs["replacements"] = [ReplicaPlan.model_validate(rp) for rp in kwargs["replacements"]]
                 change = self.book.heal(model_id, **kwargs)
+            elif name == "scale_up":
+                kwargs["replica"] = ReplicaPlan.model_validate(kwargs["replica"])
+                change = self.book.scale_up(model_id, **kwargs)
             elif name == "heal_failed":
                 change = self.book.heal_failed(model_id, **kwargs, backoff_cap_s=self.settings.heal_backoff_max_s)
             else:

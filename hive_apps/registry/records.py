@@ -65,10 +65,11 @@ class ModelStatus(str, Enum):
     SLEEPING = "sleeping"  # draining, or parked: no engine, no reservation; a request wakes it
     WAKING = "waking"  # placing and starting its engines again; requests wait
     DESTROYED = "destroyed"  # removed for idleness; the record stays to say so
+    SCALING = "scaling"  # serving while a replica added for load starts
 
 
-SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING)
-STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING, ModelStatus.WAKING)
+SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING, ModelStatus.SCALING)
+STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING, ModelStatus.WAKING, ModelStatus.SCALING)
 DORMANT = (ModelStatus.SLEEPING, ModelStatus.WAKING)  # requests are held until it serves
 ENDED = (ModelStatus.FAILED, ModelStatus.DESTROYED)  # a new deploy may take the id
 HOLDING = (ModelStatus.DEPLOYING, *SERVING, *DORMANT)  # statuses whose replicas hold reservations while resident
@@ -113,7 +114,8 @@ class ModelRecord(BaseModel):
     ready_at: float | None = None
     lost_replicas: dict[str, str] = Field(default_factory=dict)  # "r0" -> why it is gone
     drift: dict[str, str] = Field(default_factory=dict)  # "r0" -> measured vs reserved, when off by > 5 %
-    healing_replicas: list[int] = Field(default_factory=list)  # replacements being started
+    healing_replicas: list[int] = Field(default_factory=list)  # replacements (or replicas added for load) being started
+    retiring: list[int] = Field(default_factory=list)  # replicas drained before removal (load went down)
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start
     warm_up_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> its first request
     # --- lifecycle (``hive_apps/lifecycle.py``) ---

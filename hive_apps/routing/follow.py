@@ -24,9 +24,13 @@ RETRY_S = 0.5
 
 
 def live_plan(rec: ModelRecord) -> Plan:
-    """The model's plan without the replicas it lost: nothing is sent to a dead node."""
+    """The replicas requests may go to: not the ones lost with their node, not the ones still
+    starting (a replacement, or one added for load: its deployment may not exist yet), not
+    the ones being drained for removal."""
     return rec.plan.model_copy(update={"replicas": [
-        rp for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]})
+        rp for rp in rec.plan.replicas
+        if names.replica_label(rp.index) not in rec.lost_replicas
+        and rp.index not in rec.retiring and rp.index not in rec.healing_replicas]})
 
 
 def replica_fingerprint(replicas: list[ReplicaPlan]) -> tuple:

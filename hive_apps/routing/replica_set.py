@@ -76,6 +76,7 @@ class ReplicaSet:
         self._used_at = 0.0  # monotonic time of the last request
         self._asking: asyncio.Task | None = None  # a poll that requests finding no healthy replica wait on
         self._wake = asyncio.Event()
+        self._read_timeout_s = 0.0  # the connections' idle limit, set with them
 
     @classmethod
     def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> "ReplicaSet":
@@ -89,10 +90,18 @@ class ReplicaSet:
             self._poller = asyncio.get_running_loop().create_task(self._poll_load())
 
     def close(self) -> None:
+        """Stop polling; the connections close once the requests still on them are answered
+        (a set is replaced when the model's replicas change, with requests in flight)."""
         if self._poller is not None:
             self._poller.cancel()
         if self._http is not None:
-            asyncio.get_running_loop().create_task(self._http.close())
+            asyncio.get_running_loop().create_task(self._close_when_idle())
+
+    async def _close_when_idle(self) -> None:
+        deadline = time.monotonic() + self._read_timeout_s
+        while any(v.in_flight for v in self.views.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+        await self._http.close()
 
     async def _poll_load(self) -> None:
         while True:
@@ -151,7 +160,8 @@ class ReplicaSet:
         if self._http is None:
             # no total deadline (answers stream for as long as they take), but a hung engine that
             # sends nothing for HIVE_ENGINE_READ_TIMEOUT_S fails the request instead of holding it
-            idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=get_settings().engine_read_timeout_s)
+            self._read_timeout_s = get_settings().engine_read_timeout_s
+            idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=self._read_timeout_s)
             self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
                                                auto_decompress=False)
         extra = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}

@@ -13,7 +13,8 @@ NODES = [
 
 # short lifecycle clocks, so tests/cluster/test_lifecycle.py runs in seconds
 LIFECYCLE_ENV = {"HIVE_MIN_RESIDENCY_S": "3", "HIVE_HOLD_MAX_PER_MODEL": "8", "HIVE_HOLD_KEEPALIVE_S": "0.5",
-                 "HIVE_DRAIN_GRACE_S": "5", "HIVE_LIFECYCLE_TICK_S": "0.5"}
+                 "HIVE_DRAIN_GRACE_S": "5", "HIVE_LIFECYCLE_TICK_S": "0.5",
+                 "HIVE_SCALE_WINDOW_S": "1"}
 
 
 @pytest.fixture(scope="package")

@@ -180,3 +180,37 @@ def test_delete_lets_in_flight_requests_finish(clean):
     lines, deleted = asyncio.run(stream_then_delete())
     assert deleted.status_code == 200
     assert lines[-1] == "data: [DONE]" and sum(line.startswith("data: {") for line in lines) >= 40
+
+
+def test_load_adds_a_replica_and_its_end_removes_it(clean):
+    hive = clean
+    spec = sim_spec("elastic", max_replicas=2, vllm_kwargs={"sim_tokens_per_s": 20, "max_num_seqs": 2})
+    assert hive.deploy(**spec).status_code == 200
+
+    async def load_for(seconds: float) -> list[int]:
+        codes: list[int] = []
+        end = time.time() + seconds
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def worker():
+                while time.time() < end:
+                    r = await client.post(f"{hive.url}/v1/chat/completions", json=chat("elastic", max_tokens=20),
+                                          headers=AUTH)
+                    codes.append(r.status_code)
+                    if r.status_code not in (200, 429):
+                        odd.append(r.text)
+
+            await asyncio.gather(*(worker() for _ in range(6)))
+        return codes
+
+    odd: list[str] = []
+    codes = asyncio.run(load_for(8))
+    assert set(codes) <= {200, 429} and codes.count(200) > 0, odd
+    body = hive.admin.get("/models/elastic").json()
+    assert set(body["replicas"]) == {"r0", "r1"}, body  # every replica was full for the window (1 s here)
+    deadline = time.time() + 30
+    while set((body := hive.admin.get("/models/elastic").json())["replicas"]) != {"r0"}:
+        assert time.time() < deadline, body
+        time.sleep(0.5)
+    assert body["status"] == "ready" and "scaled down" in body["message"]
+    held = [d for d in hive.gpus().values() if any(r.startswith("elastic/") for r in d["replicas"])]
+    assert len(held) == 1 and held[0]["replicas"] == ["elastic/r0"] or "elastic/r1" not in held[0]["replicas"]

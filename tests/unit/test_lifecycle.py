@@ -266,3 +266,85 @@ async def test_a_hold_times_out_with_503_and_a_destroyed_model_answers_404(life)
     with pytest.raises(HoldRefused) as destroyed:
         await hold.wait("m")
     assert destroyed.value.response.status_code == 404 and "POST /admin/models" in json.loads(destroyed.value.response.body)["error"]["message"]
+
+
+# --- load-driven replicas ------------------------------------------------------------------
+def test_scale_decision_needs_every_replica_past_the_threshold_for_the_window():
+    from hive_apps.lifecycle import ScaleClock, replica_to_retire, scale_decision
+
+    step, clock = scale_decision([0.9, 0.95], (1, 3), ScaleClock(), now=100.0, window_s=30)
+    assert step == 0 and clock.above_since == 100.0
+    step, clock = scale_decision([0.9, 0.5], (1, 3), clock, now=120.0, window_s=30)  # one fell below: reset
+    assert step == 0 and clock.above_since is None
+    clock = ScaleClock(above_since=100.0)
+    assert scale_decision([0.9, 0.9], (1, 3), clock, now=130.0, window_s=30)[0] == 1
+    assert scale_decision([0.9, 0.9, 0.9], (1, 3), clock, now=130.0, window_s=30)[0] == 0  # at max_replicas
+    low = ScaleClock(below_since=100.0)
+    assert scale_decision([0.1, 0.0], (1, 3), low, now=130.0, window_s=30)[0] == -1
+    assert scale_decision([0.1], (1, 3), low, now=130.0, window_s=30)[0] == 0  # at min_replicas
+    assert replica_to_retire({0: 0.1, 1: 0.0, 2: 0.0}) == 2
+
+
+def test_replica_bounds_are_validated():
+    from pydantic import ValidationError
+
+    from hive_apps.spec import ModelSpec
+
+    with pytest.raises(ValidationError, match="min_replicas <= replicas <= max_replicas"):
+        ModelSpec(model_id="m", model="x", replicas=3, max_replicas=2)
+    with pytest.raises(ValidationError, match="min_replicas needs max_replicas"):
+        ModelSpec(model_id="m", model="x", min_replicas=1)
+    with pytest.raises(ValidationError, match="cannot be combined with gpu pins"):
+        ModelSpec(model_id="m", model="x", gpu="n:gpu0", max_replicas=2)
+    assert ModelSpec(model_id="m", model="x", max_replicas=4).replica_bounds == (1, 4)
+
+
+@pytest.fixture
+async def pair():
+    h = Hive(FakeCluster({"node-a": "H100-80GB.H100-80GB"}))
+    h.lifecycle = Lifecycle(h.cluster, LIFE.model_copy(update={"scale_window_s": 0}))
+    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
+    await h.start_registry()
+    await h.sample()
+    yield h
+    set_cluster(None)
+
+
+def busy(hive: Hive, model_id: str, share: float) -> None:
+    rec = hive.registry.book.records[model_id]
+    seqs = rec.plan.replicas[0].settings.max_num_seqs
+    hive.cluster.loads[model_id] = EngineLoad(running=int(seqs * share), max_num_seqs=seqs, last_request_at=time.time())
+
+
+async def test_load_adds_a_replica_and_removes_it_when_load_goes(pair):
+    await ready(pair, "m", max_replicas=2)
+    busy(pair, "m", 0.9)
+    assert await pair.lifecycle.tick(await pair.registry.list_models()) == ["m"]  # (a window of 0 s here)
+    rec = await pair.registry.get_model("m")
+    assert rec.status is ModelStatus.SCALING and [rp.index for rp in rec.plan.replicas] == [0, 1]
+    assert set(pair.reserved("m")) == {"m/r0", "m/r1"}
+    rec = await pair.settle("m")
+    assert rec.status is ModelStatus.READY and rec.engine_start_s == {"r0": 1.5, "r1": 2.5}
+    assert await pair.lifecycle.tick(await pair.registry.list_models()) == []  # at max_replicas
+
+    busy(pair, "m", 0.0)
+    assert await pair.lifecycle.tick(await pair.registry.list_models()) == ["m"]
+    rec = await pair.registry.get_model("m")
+    assert rec.retiring == [1]  # the newest of equally idle replicas; routers skip it from now on
+    from hive_apps.routing.follow import live_plan
+
+    assert [rp.index for rp in live_plan(rec).replicas] == [0]
+    rec = await pair.settle("m")
+    assert [rp.index for rp in rec.plan.replicas] == [0] and rec.retiring == [] and rec.status is ModelStatus.READY
+    assert set(pair.reserved("m")) == {"m/r0"} and [rp.index for rp in pair.cluster.apps["m"].plan.replicas] == [0]
+    assert await pair.lifecycle.tick(await pair.registry.list_models()) == []  # at min_replicas (= replicas)
+
+
+async def test_an_added_replica_that_fails_is_dropped_and_freed(pair):
+    await ready(pair, "m", max_replicas=2)
+    busy(pair, "m", 0.9)
+    await pair.lifecycle.tick(await pair.registry.list_models())
+    pair.cluster.start_mode["m"] = "fail"
+    rec = await pair.settle("m")
+    assert rec.status is ModelStatus.READY and "could not add a replica" in rec.message
+    assert [rp.index for rp in rec.plan.replicas] == [0] and set(pair.reserved("m")) == {"m/r0"}
