@@ -4,7 +4,7 @@ Run:  python benchmarks/bench_lifecycle.py [--seconds 7200] [--seed 1] [--rates 
 
 A discrete-event simulation, pure Python (no Ray, no vLLM; seconds to run). "Ray Hive" is
 driven by the product's rules in ``hive_apps/lifecycle.py`` (``update_activity``,
-``idle_since``, ``sleep_due``, ``cold_start_estimate_s``, ``Candidate``, ``eviction_order``,
+``idle_since``, ``sleep_due``, ``cold_start_s``, ``Candidate``, ``eviction_order``,
 ``protection_ends``, ``choose_victims``): this measures the product's policy, not a copy.
 
 Cluster: 2 x H100-80GB + 2 x L4, each GPU's budget 0.90 x its memory. Catalog: 20 deploys of
@@ -28,7 +28,7 @@ all wake by cold start (this round the hive parks, issue 9).
            then ``choose_victims`` (the shortest prefix of that order after which the model
            fits on some GPU; all of it is parked); when nothing may go, retry at
            ``protection_ends`` or when a request ends. Wake cost: the last measured wake,
-           before one, ``cold_start_estimate_s``.
+           before one, ``cold_start_s``.
   static   what fits at deploy stays resident; requests for the rest are refused.
   swapper  fixed-timeout LRU swapper (llama-swap-like): the same timeout and hold queue; for
            room it parks the least recently used models with nothing in flight (the same
@@ -56,7 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hive_apps.lifecycle import (  # noqa: E402
-    Activity, Candidate, choose_victims, cold_start_estimate_s, eviction_order, idle_since, protection_ends,
+    Activity, Candidate, choose_victims, cold_start_s, eviction_order, idle_since, protection_ends,
     sleep_due, update_activity,
 )
 from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
@@ -103,32 +103,13 @@ CATALOG = [
 
 # ---- wake / cold-start timing ----------------------------------------------------------------
 
-PUBLISHED_COLD_S = 97.5  # vLLM 0.11, A100, Qwen3-235B-A22B-FP8 TP4: cold start 97-98 s
-PUBLISHED_RANK_GIB = 220 / 4  # its FP8 checkpoint is ~220 GiB: ~55 GiB of weights per rank
-H2D_GIB_PER_S_GEN4 = PUBLISHED_RANK_GIB / 5.5  # its level-1 wake (5.3-5.7 s) copies them back: 10 GiB/s
-ENGINE_START_S = 20.0  # assumed: process, imports, CUDA init, profiling run, graph capture
-READ_S_PER_GIB = (PUBLISHED_COLD_S - ENGINE_START_S) / PUBLISHED_RANK_GIB - 1 / H2D_GIB_PER_S_GEN4
 WARMUP_S = 1.0  # assumed: the one-token warm-up and answer check before held requests go in
 
 
-def cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
-    """Seconds from "start the engine" to ready, for a parked model on a GPU of ``gpu_key``.
-
-    Derivation (issue 9's figures: vLLM 0.11, A100, Qwen3-235B-A22B-FP8, TP4, ~55 GiB of
-    weights per rank): a level-1 wake only copies the weights back host-to-device, 55 GiB in
-    5.3-5.7 s, so the host link moves ~10 GiB/s per rank (PCIe Gen4 x16; sleeping, 5.8-6.0 s,
-    is the same copy the other way). A cold start (97-98 s) is a fixed engine start plus
-    reading and deserialising the weights plus that copy. One figure cannot split fixed from
-    per-GiB time: the fixed part is assumed to be 20 s (the hive's ``COLD_START_FIXED_S``; README
-    "Measured": vLLM's own start of the tiny model took 19.0 s), so reading costs (97.5 - 20) / 55 - 0.1 = 1.31 s/GiB per rank (ranks load in parallel).
-    GPU class enters through the host link: Gen5 on Hopper (compute capability 9.x, 2x), Gen4
-    on Ampere/Ada (8.x), Gen3 before (0.5x). Reading dominates, so a cold start barely depends
-    on the card (1.41 s/GiB on Gen4, 1.36 on Gen5); a level-1 wake would, but is not built
-    yet. E.g. Qwen3-8B (15.3 GiB): ~41 s; Qwen3-0.6B: ~22 s.
-    """
-    cc = GPU_CATALOG[gpu_key].compute_capability
-    link = H2D_GIB_PER_S_GEN4 * (2.0 if cc >= (9, 0) else 1.0 if cc >= (8, 0) else 0.5)
-    return ENGINE_START_S + weight_bytes / tp / GIB * (READ_S_PER_GIB + 1 / link)
+def gpu_cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
+    """The hive's cold-start model (``hive_apps/lifecycle.py`` ``cold_start_s``, derived there from
+    vLLM's published figures) for a GPU of this catalog kind."""
+    return cold_start_s(weight_bytes, tp, GPU_CATALOG[gpu_key].compute_capability)
 
 
 # ---- deploys (sized by the planner) and traffic -----------------------------------------------
@@ -174,7 +155,7 @@ def build_deploys(catalog: list[tuple], kinds: list[str]) -> list[Deploy]:
             perf = _perf([dc], False, 1, r.settings.enforce_eager, profile)
             tps = Throughput(profile, perf, 1, inp, outp).tokens_per_s(r.settings.max_num_batched_tokens, 1)
             d.service_s[key] = (inp if pooling else outp) / tps
-            d.cold_s[key] = cold_start_s(key, profile.weight_bytes)
+            d.cold_s[key] = gpu_cold_start_s(key, profile.weight_bytes)
         if not d.footprint:
             raise SystemExit(f"{model_id} fits no GPU kind of the cluster: choose another model")
         out.append(d)
@@ -406,7 +387,7 @@ class Sim:
     def choose_hive(self, s: State, t: float) -> list[str] | None:
         cands = [Candidate(model_id=v.d.model_id, can_sleep=True, priority=0, in_flight=v.in_flight,
                            rate_per_s=v.activity.rate_per_s if v.activity else 0.0,
-                           wake_cost_s=v.measured_wake or cold_start_estimate_s(v.d.weight_bytes),
+                           wake_cost_s=v.measured_wake or cold_start_s(v.d.weight_bytes),
                            resident_since=v.ready_at, last_request_at=v.last_request_at, devices=[v.gpu.id])
                  for v in self.states.values() if v.phase == "resident"]
         since = min(arrival for _, arrival, _ in s.held) if s.held else t

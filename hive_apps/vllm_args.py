@@ -41,7 +41,7 @@ ALLOWED: dict[str, type] = {
 }
 HOOKS = {"hive_placement_policy", "hive_attention_cls"}  # class paths the planner imports
 SIM: dict[str, type] = {"sim_tokens_per_s": float, "sim_start_delay_s": float, "sim_fail_start": bool,
-                        "sim_memory_factor": float}
+                        "sim_memory_factor": float, "sim_cold_start": bool}
 
 # Never, whatever the operator widens: these break what the hive accounts for or guards.
 REFUSED: dict[str, str] = {

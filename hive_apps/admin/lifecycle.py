@@ -21,7 +21,7 @@ from hive_apps.lifecycle import (
     Activity,
     Candidate,
     choose_victims,
-    cold_start_estimate_s,
+    cold_start_s,
     destroy_due,
     eviction_order,
     idle_since,
@@ -169,7 +169,7 @@ class Lifecycle:
     # --- making room ----------------------------------------------------------------------
     def _candidate(self, rec: ModelRecord) -> Candidate:
         act = self.activity.get(rec.model_id) or Activity()
-        wake = rec.last_wake.total_s if rec.last_wake else cold_start_estimate_s(rec.plan.profile.weight_bytes)
+        wake = rec.last_wake.total_s if rec.last_wake else cold_start_s(rec.plan.profile.weight_bytes)
         return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, keep_resident=rec.spec.keep_resident,
                          priority=rec.spec.priority, in_flight=act.in_flight, rate_per_s=act.rate_per_s,
                          wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at,

@@ -8,6 +8,9 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
 - ``sim_tokens_per_s``: decode rate of one sequence (default: the plan's estimate / seqs);
 - ``sim_fail_start``: raise in the constructor (a deploy that fails);
 - ``sim_start_delay_s``: seconds the constructor takes;
+- ``sim_cold_start``: take as long as a real engine would to start with these weights on a
+  GPU (``hive_apps/lifecycle.py`` ``cold_start_s``, from vLLM's published figures), so what-if
+  runs of sleeping and waking models see realistic wake times;
 - ``sim_memory_factor``: the share of its reservation the engine really allocates (default 1.0),
   which is what its simulated GPU then shows as used.
 """
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from hive_apps.engine.base import EngineBase
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
+from hive_apps.lifecycle import cold_start_s
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 
@@ -97,8 +101,11 @@ class SimEngine(EngineBase):
     async def _start(self, kw: dict) -> None:
         """What a real engine does while it holds the start lock: take time, maybe fail."""
         self.start_began = time.time()
-        if kw.get("sim_start_delay_s"):
-            await asyncio.sleep(float(kw["sim_start_delay_s"]))
+        delay = float(kw.get("sim_start_delay_s") or 0.0)
+        if kw.get("sim_cold_start"):
+            delay += cold_start_s(self.replica.memory.weights)  # per rank: ranks load in parallel
+        if delay:
+            await asyncio.sleep(delay)
         if kw.get("sim_fail_start"):
             raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
         self.start_ended = time.time()

@@ -107,6 +107,6 @@ def test_a_full_hold_queue_answers_429_and_loses_nothing(deploys, monkeypatch):
 
 def test_cold_start_model_reproduces_the_published_figure():
     """vLLM's figure (issue 9): Qwen3-235B-FP8 on 4 x A100 starts cold in 97-98 s."""
-    assert 97 <= bench.cold_start_s("A100-80GB", 220 * GIB, tp=4) <= 98
-    assert bench.cold_start_s("H100-80GB", 15 * GIB) < bench.cold_start_s("L4", 15 * GIB)  # faster host link
-    assert bench.cold_start_s("L4", 1 * GIB) < bench.cold_start_s("L4", 15 * GIB)
+    assert 97 <= bench.gpu_cold_start_s("A100-80GB", 220 * GIB, tp=4) <= 98
+    assert bench.gpu_cold_start_s("H100-80GB", 15 * GIB) < bench.gpu_cold_start_s("L4", 15 * GIB)  # faster host link
+    assert bench.gpu_cold_start_s("L4", 1 * GIB) < bench.gpu_cold_start_s("L4", 15 * GIB)

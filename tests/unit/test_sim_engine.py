@@ -138,3 +138,25 @@ async def test_a_cancelled_queued_request_does_not_stay_waiting():
     first.cancel()
     await asyncio.sleep(0.05)
     assert e.running == 0
+
+
+async def test_sim_cold_start_takes_the_lifecycle_cold_start_time(monkeypatch):
+    from hive_apps.engine import sim_engine
+
+    asked = []
+
+    def cold(weight_bytes):
+        asked.append(weight_bytes)
+        return 0.3
+
+    monkeypatch.setattr(sim_engine, "cold_start_s", cold)
+    e = await engine(sim_tokens_per_s=2000, sim_cold_start=True)
+    assert asked == [e.replica.memory.weights]  # the weights of one rank
+    assert e.info()["engine_start_s"] >= 0.3
+
+
+def test_cold_start_model_reproduces_vllms_published_figures():
+    from hive_apps.lifecycle import cold_start_s
+
+    assert 97 <= cold_start_s(220 * 2**30, tp=4) <= 98  # Qwen3-235B-FP8, 4 x A100: 97-98 s
+    assert cold_start_s(15 * 2**30, compute_capability=(9, 0)) < cold_start_s(15 * 2**30)  # Gen5 host link
