@@ -369,6 +369,8 @@ class Family:
         q = heads * hd * self.q_multiplier()
         kv = 0 if layer.kv_shared and self.shared_layers_drop_kv() else 2 * h * kvh * hd
         c.attention += h * q + kv + heads * hd * h
+        if kv:
+            c.kv_proj[kvh] = c.kv_proj.get(kvh, 0) + kv
         if bias or self.qkv_bias:
             c.small += (heads + 2 * kvh) * hd
         if bias:
@@ -410,7 +412,7 @@ class Family:
         d = self.dims
         h = d.hidden
         c.embed = d.vocab * h
-        if self.ctx.runner == "generate" and not self.tied():
+        if self.ctx.runner == "generate" and not self.tied():  # a pooling run leaves lm_head on "meta"
             c.lm_head = d.vocab * h
         c.small += h  # final norm
         n_exp = self.num_experts()
@@ -661,9 +663,9 @@ class _MlaShaped(Family):
             return super().attention_params(layer, c)
         h, heads = self.dims.hidden, self.dims.heads
         kv_rank, q_rank, nope, rope, v = self.mla_dims()
-        q = h * heads * (nope + rope) if not q_rank else h * q_rank + q_rank * heads * (nope + rope)
-        kv = h * (kv_rank + rope) + kv_rank * heads * (nope + v)
-        c.attention += q + kv + heads * v * h
+        # the down-projections (q_a_proj, kv_a_proj_with_mqa) are ReplicatedLinear in vLLM: whole on every rank
+        c.attention_rep += h * (kv_rank + rope) + (h * q_rank if q_rank else 0)
+        c.attention += (q_rank if q_rank else h) * heads * (nope + rope) + kv_rank * heads * (nope + v) + heads * v * h
         c.small += kv_rank + int(q_rank or 0)  # kv_a / q_a layernorms
 
 
@@ -731,8 +733,8 @@ class MlaFamily(_MlaShaped):
             h = self.dims.hidden
             n_head, head = int(self.num("index_n_heads")), int(self.num("index_head_dim"))
             _, q_rank, _, _, _ = self.mla_dims()
-            c.attention += int(q_rank or 0) * n_head * head  # wq_b
-            c.small += h * (head + n_head) + 2 * head  # wk + weights_proj, k_norm
+            c.attention_rep += int(q_rank or 0) * n_head * head  # wq_b (ReplicatedLinear)
+            c.small += h * (head + n_head) + 2 * head  # wk + weights_proj (unquantized, disable_tp), k_norm
 
     def mla_widths(self) -> tuple[int, int]:
         if not self.uses_mla():
@@ -947,7 +949,6 @@ class Gemma4Family(Family):
             c.embed += vocab_ple * n * ple
             c.mlp += h * n * ple
             c.small += ple + n * (2 * h * ple + h)  # projection norm; per layer: gate, projection, norm
-        c.small += n  # layer_scalar
         experts = int(self.num("num_experts", default=0) or 0)
         if experts:
             size = int(self.num("moe_intermediate_size"))

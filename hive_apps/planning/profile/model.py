@@ -80,6 +80,8 @@ class ParamCounts(BaseModel):
     embed: int = 0
     lm_head: int = 0
     attention: int = 0  # attention projections
+    attention_rep: int = 0  # attention projections every TP rank holds whole (MLA's low-rank down-projections)
+    kv_proj: dict[int, int] = Field(default_factory=dict)  # of ``attention``: K/V projections by KV head count
     mlp: int = 0  # dense MLPs and shared experts
     experts: int = 0  # routed experts (all of them)
     mixer: int = 0  # Mamba-2 / gated-delta-net projections
@@ -88,11 +90,11 @@ class ParamCounts(BaseModel):
 
     @property
     def total(self) -> int:
-        return (self.embed + self.lm_head + self.attention + self.mlp + self.experts
+        return (self.embed + self.lm_head + self.attention + self.attention_rep + self.mlp + self.experts
                 + self.mixer + self.small + self.towers)
 
 
-ROLES = ("embed", "lm_head", "attention", "mlp", "experts", "mixer", "small", "towers")
+ROLES = ("embed", "lm_head", "attention", "attention_rep", "mlp", "experts", "mixer", "small", "towers")
 
 
 class QuantScheme(BaseModel):
@@ -117,7 +119,8 @@ def weights_by_role(counts: ParamCounts, quant: QuantScheme | None, dtype_bytes:
     """Bytes per role: quantized roles at the scheme's size, everything else in the compute dtype."""
     out: dict[str, float] = {}
     for role in ROLES:
-        per = quant.bytes_per_param if quant is not None and role in quant.quantized_roles else dtype_bytes
+        quantized = quant is not None and (role.removesuffix("_rep") in quant.quantized_roles)
+        per = quant.bytes_per_param if quantized else dtype_bytes
         out[role] = getattr(counts, role) * per
     return out
 
@@ -262,13 +265,24 @@ class ModelProfile(BaseModel):
             w = self._weights_by_role
             vocab_rows = cdiv(round_up(self.vocab_size, 64), tp)
             embed_frac = vocab_rows / max(1, self.vocab_size)
-            sharded = (w.get("attention", 0) + w.get("mlp", 0) + w.get("experts", 0) + w.get("mixer", 0)) / tp
+            sharded = (w.get("mlp", 0) + w.get("experts", 0) + w.get("mixer", 0)) / tp
+            sharded += w.get("attention", 0) * self._attention_share(tp)
             sharded += (w.get("embed", 0) + w.get("lm_head", 0)) * embed_frac
             towers = w.get("towers", 0)
             if not any(t.replicated for t in self.towers):
                 towers /= tp
-            self._per_rank_cache[key] = int(sharded + towers + w.get("small", 0))
+            self._per_rank_cache[key] = int(sharded + towers + w.get("small", 0) + w.get("attention_rep", 0))
         return self._per_rank_cache[key]
+
+    def _attention_share(self, tp: int) -> float:
+        """The share of the attention projections one rank holds: q/o split tp ways, K/V split over the
+        KV heads, which vLLM replicates when there are fewer than ranks (QKVParallelLinear)."""
+        total = self.params.attention
+        if not total or tp <= 1:
+            return 1.0 if tp <= 1 else 1.0 / tp
+        kv = sum(self.params.kv_proj.values())
+        per_rank = (total - kv) / tp + sum(n / min(tp, heads) for heads, n in self.params.kv_proj.items() if heads)
+        return per_rank / total
 
     def tp_problem(self, tp: int) -> str | None:
         """Why vLLM cannot shard this model over ``tp`` ranks, or None when it can."""
