@@ -3,14 +3,14 @@
 Generated from ``vllm.model_executor.models.registry`` of vLLM 0.32.0 (``ModelRegistry.get_supported_archs()``,
 ``_PREVIOUSLY_SUPPORTED_MODELS``, ``_OOT_SUPPORTED_MODELS``) so the planner needs no vLLM import (6 s, and the
 planner also runs where vLLM is not installed). tests/engine/test_kv_crosscheck.py checks it against the
-installed vLLM; regenerate it with ``python -m tests.engine.test_kv_crosscheck --registry`` after a vLLM upgrade.
+installed vLLM; regenerate it with ``python tests/engine/test_kv_crosscheck.py --registry`` after a vLLM upgrade.
 """
 
 from __future__ import annotations
 
 VLLM_VERSION = "0.32.0"
 
-# Every architecture name vLLM 0.32 resolves to a model class (native or through its Transformers backend).
+# Every architecture name vLLM resolves to a model class (native or through its Transformers backend).
 SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({
     "AXK1ForCausalLM",
     "AfmoeForCausalLM",
