@@ -35,6 +35,13 @@ def build_or_422(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
                           "(README 'Planning hooks')")
         raise PlanningError(f"{where}: the planner cannot model this config exactly: {exc.what}. It does not "
                             f"guess a smaller reservation; {how}", 422) from exc
+    except RuntimeError as exc:
+        if type(exc).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+            raise
+        raise PlanningError(f"{where}: the planner cannot model this config exactly: a per-layer attribute "
+                            f"(per_layer_config) read as one number: {exc}. It does not guess a smaller "
+                            "reservation; report the config, or supply the layout with "
+                            "vllm_kwargs['hive_attention_cls']", 422) from exc
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
         raise PlanningError(
             f"{where}: the planner cannot model this config.json: {type(exc).__name__}: {exc}. A field of a "
