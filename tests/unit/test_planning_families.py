@@ -205,3 +205,14 @@ def test_unknown_tower_is_refused_unless_its_modality_is_off():
     assert "vision tower" in msg and "limit_mm_per_prompt" in msg
     text_only = profile_from_config_dict(d, vllm_kwargs={"limit_mm_per_prompt": {"image": 0}})
     assert text_only.towers == [] and text_only.kv_bytes_per_token(1) == 32 * 2 * 32 * 128 * 2
+
+
+def test_gemma4_vision_tower_is_refused_unless_images_are_off():
+    """The generic ViT arithmetic would count fewer tokens per image than Gemma 4's max_soft_tokens."""
+    d = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+         "text_config": {k: v for k, v in _config("synthetic__gemma4-per-layer").items()
+                         if k not in ("architectures", "transformers_version")},
+         "vision_config": {"model_type": "gemma4_vision", "hidden_size": 256, "num_hidden_layers": 2}}
+    assert "gemma4_vision" in _refused(d)
+    text_only = profile_from_config_dict(d, vllm_kwargs={"limit_mm_per_prompt": {"image": 0}})
+    assert text_only.kv_bytes_per_token(1) == profile("synthetic__gemma4-per-layer").kv_bytes_per_token(1)

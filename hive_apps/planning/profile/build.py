@@ -170,7 +170,9 @@ def build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
     q_width, v_width = family.mla_widths()
     custom = family if (hook and (overrides(family, "kv_bytes_per_token")
                                   or overrides(family, "kv_bytes_per_sequence"))) else None
-    first = next((layer for layer in family.layers if layer.kv_heads), None)
+    # the widest attention layer stands for all in the activation estimate (memory.py)
+    first = max((layer for layer in family.layers if layer.kv_heads and layer.head_size),
+                key=lambda layer: layer.kv_heads * layer.head_size, default=None)
     return ModelProfile.assemble(
         custom_kv=custom,
         model=model, path=path, architecture=architecture, model_type=model_type, runner=runner,

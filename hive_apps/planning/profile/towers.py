@@ -22,6 +22,10 @@ def _vit_block(vh: int, vi: int) -> int:
     return 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
 
 
+# Towers whose size or tokens the generic ViT / Whisper arithmetic would put too low (Gemma 4's vision
+# encoder yields up to max_soft_tokens per image, more than (image_size/patch)^2): refused, not estimated.
+_UNMODELLED_TOWERS = {"gemma4_vision", "gemma4_audio", "mllama_vision_model"}
+
 # modality -> (tower kind, tokens, prompt tokens, tower positions, knob, how)
 _Raw = dict[str, tuple[str, int, int, int, str, str]]
 
@@ -135,14 +139,17 @@ def towers_and_items(cfg: Any, text: Any, model_type: str, lm_hidden: int, folde
     vc = get(cfg, "vision_config")
     if vc is not None and vc is not text:
         vtype = str(get(vc, "model_type", default=""))
-        if vtype.startswith(("qwen2_5_vl", "qwen2_vl")) or model_type in ("qwen2_vl", "qwen2_5_vl"):
+        if vtype in _UNMODELLED_TOWERS:
+            _unknown_tower("vision", vtype, vllm_kwargs, override, "image")
+        elif vtype.startswith(("qwen2_5_vl", "qwen2_vl")) or model_type in ("qwen2_vl", "qwen2_5_vl"):
             _qwen_vl(cfg, vc, model_type, lm_hidden, pre, mm_kwargs, replicated, notes, towers, raw, defaults)
         elif not _vit(cfg, vc, model_type, lm_hidden, pre, mm_kwargs, replicated, notes, towers, raw, defaults):
             _unknown_tower("vision", vtype, vllm_kwargs, override, "image")
     ac = get(cfg, "audio_config")
     if ac is not None:
-        if get(ac, "d_model", "hidden_size") is None:
-            _unknown_tower("audio", str(get(ac, "model_type", default="")), vllm_kwargs, override, "audio")
+        atype = str(get(ac, "model_type", default=""))
+        if get(ac, "d_model", "hidden_size") is None or atype in _UNMODELLED_TOWERS:
+            _unknown_tower("audio", atype, vllm_kwargs, override, "audio")
         else:
             _audio(ac, lm_hidden, pre, replicated, towers, raw, defaults)
 
