@@ -129,3 +129,13 @@ class ReturnsStrangers:
 
     def rank(self, candidates, profile):
         return [gpu("T4", "zz", 9)]
+
+
+class OldStyleKvHook:
+    """The hook form before families: built as Class(profile). Refused with a message saying what changed."""
+
+    def __init__(self, profile):
+        self.base = profile.kv_bytes_per_token(1)
+
+    def kv_bytes_per_token(self, tensor_parallel_size: int) -> int:
+        return 2 * self.base

@@ -210,6 +210,9 @@ def test_attention_hook_overrides_kv():
     with pytest.raises(PlanningError) as err:
         profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.nope.Missing")
     assert err.value.status_code == 422 and "hive_attention_cls" in err.value.message
+    with pytest.raises(PlanningError) as err:
+        profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.planning_fixtures.OldStyleKvHook")
+    assert err.value.status_code == 422 and "Class(profile) form is gone" in err.value.message
 
 
 def test_model_not_in_local_cache_is_a_clear_422():

@@ -147,7 +147,14 @@ def build_profile(cfg: Any, raw: dict[str, Any], *, model: str, path: str,
     ctx = Ctx(model=model, path=path, architecture=architecture, model_type=model_type, text_type=text_type,
               vllm_kwargs=vllm_kwargs, runner=runner, dtype_bytes=dtype_bytes, kv_cache_dtype=cache_dtype,
               kv_elem_bytes=float(dtype_bytes), notes=notes)
-    family: Family = cls(cfg, text, ctx)
+    try:
+        family: Family = cls(cfg, text, ctx)
+    except TypeError as exc:
+        if not hook:
+            raise
+        raise PlanningError(f"hive_attention_cls {hook!r} cannot be built: {exc}. The class is mixed in front of "
+                            "the planner's family class and built like it, Class(cfg, text, ctx); define no "
+                            "__init__ (or pass those on to super()); the old Class(profile) form is gone", 422) from exc
     family.check()
     dims = family.dims
     is_mla = family.uses_mla()
