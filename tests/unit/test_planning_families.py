@@ -1,4 +1,4 @@
-"""Architecture families (hive_apps/planning/profile/families.py): one test beside each KV rule.
+"""Architecture families (hive_apps/planning/profile/families/): one test beside each KV rule.
 
 Expected figures are worked out by hand from the fixture configs and the vLLM 0.32 code each
 rule cites; tests/engine/test_kv_crosscheck.py checks the same fixtures against vLLM's own

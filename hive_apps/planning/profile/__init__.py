@@ -8,7 +8,7 @@ No weights are read and nothing is downloaded. The package derives, the way vLLM
   (cross-checked against vLLM's own spec code by tests/engine/test_kv_crosscheck.py);
 * ``config.py``: loading a local folder, a cached Hugging Face name or a parsed dict;
 * ``quant.py``: which quantization config vLLM applies, packed weight sizes, the KV cache dtype;
-* ``families.py``: one class per architecture family, keyed by ``model_type``, that reads the
+* ``families/``: one class per architecture family, keyed by ``model_type``, that reads the
   layer layout (attention, sliding window, MLA, Mamba-2, gated delta net, shared caches) and
   counts parameters; the ``hive_attention_cls`` user hook is one more such class;
 * ``towers.py``: vision and audio towers and the worst-case placeholder tokens of one item

@@ -172,7 +172,7 @@ class ModelProfile(BaseModel):
     towers: list[TowerInfo] = Field(default_factory=list)  # vision / audio encoders (loaded or not)
     mm_items: dict[str, MmItem] = Field(default_factory=dict)  # worst-case item per supported modality
     checkpoint_bytes: int | None = None  # sum of safetensors tensors on disk, when readable
-    family: str = "Family"  # the architecture family class that read the config (families.py)
+    family: str = "Family"  # the architecture family class that read the config (families/)
     attention_cls: str | None = None  # a user family (vllm_kwargs["hive_attention_cls"]) mixed into it
     notes: list[str] = Field(default_factory=list)
 
