@@ -7,6 +7,8 @@ No weights are read and nothing is downloaded. The package derives, the way vLLM
   figures derived from it: KV bytes per token, weights per rank, vLLM's block pool per request
   (cross-checked against vLLM's own spec code by tests/engine/test_kv_crosscheck.py);
 * ``config.py``: loading a local folder, a cached Hugging Face name or a parsed dict;
+* ``fields.py``: reading one config field without guessing (per-layer lists and transformers 5
+  per-layer configs become a 422 naming the field);
 * ``quant.py``: which quantization config vLLM applies, packed weight sizes, the KV cache dtype;
 * ``families/``: one class per architecture family, keyed by ``model_type``, that reads the
   layer layout (attention, sliding window, MLA, Mamba-2, gated delta net, shared caches) and
