@@ -67,7 +67,7 @@ User overrides in ``vllm_kwargs`` are honoured exactly: ``max_num_seqs``,
 ``tensor_parallel_size``, ``kv_cache_dtype``, ``block_size``, ``enable_chunked_prefill``,
 ``enable_prefix_caching``. One that cannot fit, or that breaks one of vLLM's rules above,
 raises a 422 that says by how much. Keys starting with ``hive_`` belong to the hive and are
-stripped from the engine kwargs (``hive_attention_cls``: profile hook, ``profile.py``;
+stripped from the engine kwargs (``hive_attention_cls``: a user family class, ``profile/families/``;
 ``hive_placement_policy``: a user placement policy by class path, ``placement.py``). Checkpoints quantized with a method vLLM 0.32 does not have
 (bitsandbytes) are refused for the real engine.
 """

@@ -47,8 +47,20 @@ What vLLM cannot compute here, and how it is covered instead:
   needs the per-layer specs of a built model; only its inputs (pages, blocks per request)
   are cross-checked.
 
+Besides, vLLM's own model is built on the meta device for every fixture it can build on CPU (no
+memory, no kernels; one process standing in for rank 0 of ``tp`` ranks) and compared layer by
+layer: every attention layer's ``get_kv_cache_spec`` (shared-KV layers skipped, as the runner
+does), the recurrent states, the parameter count, and for sliding, per-layer and shared layouts
+vLLM's block pool for one request (``get_kv_cache_groups``). This is what checks the family rules
+that only show in the layers: MLA-shaped configs vLLM runs as plain attention (MiniCPM3), a side
+quantization file vLLM ignores, Gemma 4's per-layer configs, Gemma 3n's list-valued fields,
+Nemotron-NAS block configs. Sparse MLA (no CPU backend) is checked with vLLM's own ``Indexer`` and
+MLA spec; the vLLM registry snapshot the planner refuses dropped architectures with is compared to
+vLLM's registry.
+
 Run ``python tests/engine/test_kv_crosscheck.py`` to print the table of KV bytes per token,
-project vs vLLM, for every fixture.
+project vs vLLM, for every fixture; ``--registry`` rewrites hive_apps/planning/profile/vllm_registry.py
+from the installed vLLM.
 """
 
 from __future__ import annotations
@@ -66,7 +78,12 @@ from tests.unit.planning_fixtures import FIXTURES, fixture_path, profile  # noqa
 
 pytestmark = pytest.mark.engine
 
-NAMES = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, d)))
+ALL_NAMES = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, d)))
+REFUSED = {"meta-llama__Llama-3.2-11B-Vision-Instruct"}  # vLLM 0.32 dropped the architecture: no KV to compare
+# The synthetic family fixtures need the per-layer view (MiniCPM3's q/k head size, Gemma 4's per-layer
+# configs, Nemotron-NAS blocks, the sparse-MLA indexer), which only vLLM's built layers give: they are
+# checked below by the built-model tests, not by the ModelConfig-level ones.
+NAMES = [n for n in ALL_NAMES if n not in REFUSED and not n.startswith("synthetic__")]
 MULTIMODAL = {"Qwen__Qwen2.5-VL-3B-Instruct", "Qwen__Qwen2.5-VL-7B-Instruct", "google__gemma-3-27b-it",
               "llava-hf__llava-1.5-7b-hf", "qwen2-audio-transformers-defaults"}
 NO_MODEL_CONFIG = MULTIMODAL | {"community__Llama-3.1-8B-Instruct-bnb-int8"}  # see the module docstring
@@ -368,6 +385,254 @@ def test_qwen2_audio_tokens_match_vllm():
     assert profile("qwen2-audio-transformers-defaults").mm_items["audio"].tokens == vllm_tokens == 750
 
 
+# ---- vLLM's own layers, built on the meta device ------------------------------------------------
+#
+# vLLM builds each model class with every layer on torch's "meta" device (no memory, no kernels), one
+# process standing in for tensor-parallel rank 0 of ``tp`` ranks (the TP group's world size is set, so
+# every layer shards its heads as on a real rank). The KV cache spec of every attention layer then comes
+# from the layer itself (``get_kv_cache_spec``, skipping layers that share another layer's cache, as
+# ``GPUModelRunner.get_kv_cache_spec`` does), and the parameters are the model's own.
+
+SPARSE = "synthetic__deepseek-v32-sparse-mla"
+NOT_BUILT = MULTIMODAL | REFUSED | {
+    "community__Llama-3.1-8B-Instruct-bnb-int8",  # vLLM 0.32 refuses bitsandbytes
+    "Qwen__Qwen3-0.6B-FP8", "Qwen__Qwen3-8B-FP8", "deepseek-ai__DeepSeek-V3",  # no CPU kernel for block-fp8 linears
+    SPARSE,  # no sparse-attention backend on CPU: test_sparse_mla_indexer_matches_vllm builds its parts
+}
+BUILT = [n for n in ALL_NAMES if n not in NOT_BUILT]
+REMOTE_CODE = {"synthetic__nemotron-nas-blocks"}  # its config class is remote code (configuration_decilm.py)
+# vLLM's numel counts packed ints (GPTQ, mxfp4) or adds scale tensors (ModelOpt fp8): weights compared unquantized only
+QUANTIZED = {"TheBloke__Llama-2-13B-chat-GPTQ", "openai__gpt-oss-20b", "nvidia__Llama-3.1-70B-Instruct-FP8"}
+BUILT_TPS = (1, 2, 8)
+
+
+@pytest.fixture(scope="module")
+def meta_build():
+    """One process as a single-rank gloo group: vLLM's layers need a TP/PP group to exist."""
+    import socket
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment, destroy_model_parallel, init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                 local_rank=0, backend="gloo")
+    with set_current_vllm_config(VllmConfig()):
+        initialize_model_parallel(1, 1)
+    yield
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+class Built:
+    """vLLM's model for one fixture at one TP size, built on the meta device."""
+
+    def __init__(self, name: str, tp: int, max_model_len: int | None = None, max_num_batched_tokens: int = 2048):
+        import torch
+        import vllm.distributed.parallel_state as ps
+        from vllm.config import ModelConfig, set_current_vllm_config
+        from vllm.config.vllm import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        from vllm.model_executor.model_loader.utils import initialize_model
+        from vllm.model_executor.models.utils import StageMissingLayer
+        from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+
+        folder = fixture_path(name)
+        length = max_model_len or min(profile(name).max_position_embeddings or 4096, 4096)
+        # the runner the planner resolved (a real embedder's folder has the sentence-transformers files
+        # that make vLLM pick "pooling"; the fixture has only config.json)
+        mc = ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True, max_model_len=length,
+                         trust_remote_code=name in REMOTE_CODE, runner=profile(name).runner)
+        self.cache_dtype = resolve_kv_cache_dtype_string("auto", mc)  # as EngineArgs.create_engine_config
+        # vLLM's CPU platform alone, on a CPU with AVX512-BF16 (this machine), keeps a GDN state in fp32 when
+        # the VllmConfig is made; the planner models the general rule (see test_recurrent_state_matches_vllm)
+        avx512_bf16 = torch.cpu._is_avx512_bf16_supported
+        torch.cpu._is_avx512_bf16_supported = lambda: False
+        try:
+            self.vc = self._config(mc, tp, self.cache_dtype, length, max_num_batched_tokens)
+        finally:
+            torch.cpu._is_avx512_bf16_supported = avx512_bf16
+        ps._TP.world_size = tp  # read when the layers are built and again when their specs are asked for
+        try:
+            with set_current_vllm_config(self.vc), torch.device("meta"):
+                model = initialize_model(vllm_config=self.vc)
+            self.specs = {}
+            for layer_name, layer in get_layers_from_vllm_config(self.vc, AttentionLayerBase).items():
+                if getattr(layer, "kv_sharing_target_layer_name", None):
+                    continue  # reads another layer's cache and gets no spec of its own
+                spec = layer.get_kv_cache_spec(self.vc)
+                if spec is not None:
+                    self.specs[layer_name] = spec
+        finally:
+            ps._TP.world_size = 1
+        # a pooling run moves lm_head to "meta" for good (adapters.py no_init_weights): it holds no memory
+        missing = {id(p) for m in model.modules() if isinstance(m, StageMissingLayer) for p in m.parameters()}
+        self.numel = sum(p.numel() for p in model.parameters() if id(p) not in missing)
+
+    @staticmethod
+    def _config(mc, tp: int, cache: str, length: int, max_num_batched_tokens: int):
+        from vllm.config import CacheConfig, LoadConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+        return VllmConfig(model_config=mc, parallel_config=ParallelConfig(tensor_parallel_size=tp),
+                          cache_config=CacheConfig(block_size=BLOCK, cache_dtype=cache),
+                          scheduler_config=SchedulerConfig(max_model_len=length,
+                                                           max_num_batched_tokens=max_num_batched_tokens,
+                                                           is_encoder_decoder=False),
+                          load_config=LoadConfig(load_format="dummy"))
+
+
+@lru_cache(maxsize=None)
+def built(name: str, tp: int) -> Built:
+    return Built(name, tp)
+
+
+def _built_cases() -> list[tuple[str, int]]:
+    return [(name, tp) for name in BUILT for tp in BUILT_TPS if profile(name).tp_problem(tp) is None]
+
+
+@pytest.mark.parametrize("name,tp", _built_cases())
+def test_kv_of_the_built_model_matches(name, tp, meta_build):
+    """Every attention layer's own spec: bytes per token, and per layer kind and page, to the byte."""
+    from collections import Counter
+
+    from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec, SlidingWindowSpec
+
+    b, p = built(name, tp), profile(name)
+    attention = [s for s in b.specs.values() if isinstance(s, AttentionSpec)]
+    assert p.kv_bytes_per_token(tp) == sum(s.page_size_bytes // s.block_size for s in attention)
+    theirs = Counter(("sliding" if isinstance(s, SlidingWindowSpec) else "full", s.page_size_bytes // s.block_size)
+                     for s in attention)
+    ours = Counter()
+    for g in p.attention_groups:
+        ours[(g.kind, g.bytes_per_token_per_layer(tp, p.kv_elem_bytes))] += g.num_layers
+    assert ours == theirs
+    states = [s for s in b.specs.values() if isinstance(s, MambaSpec)]
+    assert p.state_bytes_per_sequence(tp) == sum(s.real_page_size_bytes for s in states)
+    assert p.kv_cache_dtype == b.cache_dtype  # e.g. the ignored side file: "auto" on both sides
+
+
+@pytest.mark.parametrize("name", [n for n in BUILT if n not in QUANTIZED])
+def test_parameters_of_the_built_model_match(name, meta_build):
+    """The planner's parameter count is never below the built model's and at most 1 % above (BERT's
+    pooler, norms it counts generously); per rank at TP=2 at most 3 % above (vocab padding per shard,
+    small tensors it counts as replicated)."""
+    p = profile(name)
+    b = built(name, 1)
+    assert b.numel <= p.num_params <= b.numel * 1.01
+    if p.tp_problem(2) is None and p.quant is None:
+        per_rank = p.weight_bytes_per_rank(2) / p.dtype_bytes
+        assert built(name, 2).numel <= per_rank <= built(name, 2).numel * 1.03
+
+
+POOL_NAMES = ["google__gemma-2-9b", "google__gemma-3-1b-it", "openai__gpt-oss-20b", "meta-llama__Llama-3.1-8B",
+              "synthetic__gemma4-per-layer", "synthetic__gemma3n-list-fields", "synthetic__nemotron-nas-blocks"]
+
+
+@pytest.mark.parametrize("name", POOL_NAMES)
+@pytest.mark.parametrize("max_model_len,tokens", [(4096, 2048), (700, 256)])
+def test_request_pool_of_the_built_model_matches(name, max_model_len, tokens, meta_build):
+    """vLLM's block pool for one full-length request (get_kv_cache_groups, then
+    _max_memory_usage_bytes_from_groups) against ``kv_pool_need``, with mixed page sizes (Gemma 4),
+    shared layers (Gemma 3n/4) and per-block heads (Nemotron-NAS). The CUDA FlashAttention backend
+    runs sliding layers at the primary block size; the CPU backend picks a 32-token kernel block for
+    them, so the specs are laid out at BLOCK and with FlashAttention's KV cache layout."""
+    from dataclasses import replace
+
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups, get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    b = Built(name, 1, max_model_len=max_model_len, max_num_batched_tokens=tokens)
+    specs = {n: replace(s, block_size=BLOCK) if isinstance(s, SlidingWindowSpec) else s for n, s in b.specs.items()}
+    layouts = [[layout.name for layout in get_supported_kv_cache_layouts([FlashAttentionBackend])]]
+    b.vc.cache_config.kv_cache_layout = resolve_kv_cache_layout(b.vc, layouts, specs.values()).name
+    vllm_bytes = _max_memory_usage_bytes_from_groups(b.vc, get_kv_cache_groups(b.vc, dict(specs)))
+    ours, _ = profile(name).kv_pool_need(max_model_len, 1, BLOCK, b.vc.max_in_flight_tokens)
+    assert ours == vllm_bytes
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build):
+    """DeepSeek-V3.2-style sparse MLA: vLLM's own ``Indexer`` (built on the meta device) gives the
+    indexer cache spec; the latent is MLAAttention's spec with the cache dtype FlashMLA-sparse
+    serves (``_canonicalize_sparse_mla_kv_cache_dtype``: any fp8 cache becomes fp8_ds_mla). Every
+    layer of the fixture builds an indexer (index_topk_freq 1)."""
+    import torch
+    from vllm.config import CacheConfig, ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention.mla_attention import _canonicalize_sparse_mla_kv_cache_dtype
+    from vllm.model_executor.models.deepseek_v2 import Indexer
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    mc = _model_config(SPARSE)
+    assert mc.use_mla and hasattr(mc.hf_config, "index_topk")
+    vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=64, cache_dtype=kv_cache_dtype),
+                    scheduler_config=SchedulerConfig(max_model_len=mc.max_model_len, max_num_batched_tokens=2048,
+                                                     is_encoder_decoder=False))
+    with set_current_vllm_config(vc), torch.device("meta"):
+        indexer = Indexer(vc, mc.hf_config, mc.hf_config.hidden_size, mc.hf_config.q_lora_rank, None,
+                          vc.cache_config, None, "model.layers.0.self_attn.indexer")
+    index_spec = indexer.k_cache.get_kv_cache_spec(vc)
+    cache = _canonicalize_sparse_mla_kv_cache_dtype(FlashMLASparseBackend, kv_cache_dtype)
+    latent = MLAAttentionSpec(block_size=64, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
+                              dtype=kv_cache_dtype_str_to_dtype(cache, mc), cache_dtype_str=cache,
+                              state_content_bytes={"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}.get(cache))
+    per_layer = latent.page_size_bytes // 64 + index_spec.page_size_bytes // 64
+    layers = mc.get_num_layers(ParallelConfig())
+    p = profile(SPARSE, kv_cache_dtype=kv_cache_dtype)
+    for tp in (1, 2, 8):  # both caches are replicated on every rank (max_tp_shards=1)
+        assert p.kv_bytes_per_token(tp) == layers * per_layer
+
+
+# ---- what vLLM 0.32 runs at all ---------------------------------------------------------------
+
+
+def test_registry_snapshot_is_vllms():
+    """hive_apps/planning/profile/vllm_registry.py is vLLM 0.32's registry (run this file with --registry
+    to regenerate it after a vLLM upgrade)."""
+    from vllm.model_executor.models.registry import _OOT_SUPPORTED_MODELS, _PREVIOUSLY_SUPPORTED_MODELS, ModelRegistry
+
+    from hive_apps.planning.profile import vllm_registry
+
+    assert set(ModelRegistry.get_supported_archs()) == vllm_registry.SUPPORTED_ARCHITECTURES
+    assert _PREVIOUSLY_SUPPORTED_MODELS == vllm_registry.PREVIOUSLY_SUPPORTED
+    assert _OOT_SUPPORTED_MODELS == vllm_registry.OUT_OF_TREE
+
+
+def test_dropped_architecture_is_refused_by_vllm_and_the_planner():
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from hive_apps.planning.types import PlanningError
+
+    with pytest.raises(ValueError, match="supported in vLLM until v0.10.2"):
+        ModelRegistry._raise_for_unsupported(["MllamaForConditionalGeneration"])
+    with pytest.raises(PlanningError, match="MllamaForConditionalGeneration"):
+        profile("meta-llama__Llama-3.2-11B-Vision-Instruct")
+
+
+def test_mla_model_types_and_quantization_methods_are_vllms():
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    from hive_apps.planning.profile.families import VLLM_MLA_MODEL_TYPES
+    from hive_apps.planning.profile.quant import VLLM_QUANTIZATION_METHODS
+
+    for model_type in VLLM_MLA_MODEL_TYPES | {"minicpm3", "llama", "qwen3", "sarvam_mla", "deepseek"}:
+        text = SimpleNamespace(model_type=model_type, kv_lora_rank=128)
+        convertor = ModelArchConfigConvertorBase(SimpleNamespace(model_type=model_type), text)
+        assert convertor.is_deepseek_mla() == (model_type in VLLM_MLA_MODEL_TYPES), model_type
+    assert set(QUANTIZATION_METHODS) == VLLM_QUANTIZATION_METHODS
+
+
 # ---- the table ---------------------------------------------------------------------------------
 
 
@@ -397,6 +662,33 @@ def kv_table() -> str:
     return "\n".join(out)
 
 
+def write_registry() -> str:
+    """hive_apps/planning/profile/vllm_registry.py from the installed vLLM's registry."""
+    import vllm
+    from vllm.model_executor.models.registry import _OOT_SUPPORTED_MODELS, _PREVIOUSLY_SUPPORTED_MODELS, ModelRegistry
+
+    from hive_apps.planning.profile import vllm_registry
+
+    path = vllm_registry.__file__
+    with open(path) as f:
+        head = f.read().split("VLLM_VERSION = ")[0]
+    lines = [head + f"VLLM_VERSION = {vllm.__version__!r}".replace("'", '"'), "",
+             "# Every architecture name vLLM resolves to a model class (native or through its Transformers backend).",
+             "SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"]
+    lines += [f'    "{a}",' for a in sorted(ModelRegistry.get_supported_archs())] + ["})", ""]
+    lines += ["# Architectures vLLM removed, with the last version that ran them (vLLM refuses them at start).",
+              "PREVIOUSLY_SUPPORTED: dict[str, str] = {"]
+    lines += [f'    "{k}": "{v}",' for k, v in _PREVIOUSLY_SUPPORTED_MODELS.items()] + ["}", ""]
+    lines += ["# Architectures only an out-of-tree vLLM plugin runs.", "OUT_OF_TREE: dict[str, str] = {"]
+    lines += [f'    "{k}": "{v}",' for k, v in _OOT_SUPPORTED_MODELS.items()] + ["}"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 if __name__ == "__main__":
-    _inspect_in_process()
-    print(kv_table())
+    if "--registry" in sys.argv:
+        print("wrote", write_registry())
+    else:
+        _inspect_in_process()
+        print(kv_table())

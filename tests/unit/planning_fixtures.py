@@ -71,20 +71,14 @@ def profile(name: str, **vllm_kwargs):
 
 
 class DoubleKV:
-    """A ``hive_attention_cls`` for the tests: twice the default KV per token."""
-
-    def __init__(self, profile):
-        self.base = profile.kv_bytes_per_token(1)
+    """A ``hive_attention_cls`` for the tests: twice the family's KV per token (mixed in front of it)."""
 
     def kv_bytes_per_token(self, tensor_parallel_size: int) -> int:
-        return 2 * self.base // tensor_parallel_size
+        return 2 * super().kv_bytes_per_token(tensor_parallel_size)
 
 
 class FixedImageTokens:
     """A ``hive_attention_cls`` that only overrides the multimodal math: 1000 tokens per image."""
-
-    def __init__(self, profile):
-        self.profile = profile
 
     def mm_max_tokens_per_item(self, mm_processor_kwargs: dict) -> dict:
         return {"image": int(mm_processor_kwargs.get("tokens_per_image", 1000))}
@@ -92,10 +86,6 @@ class FixedImageTokens:
 
 class KvAndImageHook(DoubleKV, FixedImageTokens):
     """Both overrides: twice the KV per token and 1000 (or mm_processor_kwargs.tokens_per_image) per image."""
-
-    def __init__(self, profile):
-        DoubleKV.__init__(self, profile)
-        FixedImageTokens.__init__(self, profile)
 
 
 # ---- user placement policies (vllm_kwargs["hive_placement_policy"]) -----------------------
@@ -139,3 +129,13 @@ class ReturnsStrangers:
 
     def rank(self, candidates, profile):
         return [gpu("T4", "zz", 9)]
+
+
+class OldStyleKvHook:
+    """The hook form before families: built as Class(profile). Refused with a message saying what changed."""
+
+    def __init__(self, profile):
+        self.base = profile.kv_bytes_per_token(1)
+
+    def kv_bytes_per_token(self, tensor_parallel_size: int) -> int:
+        return 2 * self.base

@@ -175,10 +175,15 @@ UNKNOWN_VLM = {
 
 
 def test_hook_overrides_multimodal_token_math():
-    generic = profile_from_config_dict(UNKNOWN_VLM)
+    with pytest.raises(PlanningError) as err:  # vLLM 0.32 has no FooVL: refused, naming it
+        profile_from_config_dict(UNKNOWN_VLM)
+    assert err.value.status_code == 422 and "FooVLForConditionalGeneration" in err.value.message
+    # an architecture vLLM runs, with a vision config the planner has no family for: the generic ViT estimate
+    generic = profile_from_config_dict({**UNKNOWN_VLM, "architectures": ["Idefics3ForConditionalGeneration"]})
     assert generic.mm_items["image"].tokens == (384 // 16) ** 2  # generic ViT estimate, noted
     assert any("estimated" in n for n in generic.notes)
-    hooked = profile_from_config_dict(UNKNOWN_VLM, vllm_kwargs={
+    hooked = profile_from_config_dict({**UNKNOWN_VLM, "architectures": ["Idefics3ForConditionalGeneration"]},
+                                      vllm_kwargs={
         "hive_attention_cls": "tests.unit.planning_fixtures.FixedImageTokens"})
     assert hooked.mm_items["image"].tokens == 1000
     assert hooked.kv_bytes_per_token(1) == generic.kv_bytes_per_token(1)  # MM-only hook keeps the KV math

@@ -92,7 +92,7 @@ def test_quantized_checkpoints_are_sized_packed():
     assert gptq.quant.weight_format == "gptq int4 g128"
     assert 0.27 < gptq.weight_bytes / (gptq.num_params * 2) < 0.30  # 4 bit + group scales, 16-bit embeddings
     modelopt = profile("nvidia__Llama-3.1-70B-Instruct-FP8")  # marker only in hf_quant_config.json
-    assert modelopt.quant.fp8_weights and modelopt.kv_cache_dtype == "fp8"
+    assert modelopt.quant.fp8_weights and modelopt.kv_cache_dtype == "fp8_e4m3"  # vLLM's resolved name
     oss = profile("openai__gpt-oss-20b")
     assert oss.quant.method == "mxfp4" and "attention" not in oss.quant.quantized_roles
     assert 13e9 < oss.weight_bytes < 14.5e9
@@ -166,19 +166,32 @@ def test_prefix_caching_keeps_two_or_three_state_blocks_per_request():
 
 def test_missing_fields_name_themselves():
     with pytest.raises(PlanningError) as err:
-        profile_from_config_dict({"architectures": ["FooForCausalLM"], "model_type": "foo-unknown", "hidden_size": 64})
+        profile_from_config_dict({"architectures": ["LlamaForCausalLM"], "model_type": "foo-unknown", "hidden_size": 64})
     assert err.value.status_code == 422
     for field in ("num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
         assert field in err.value.message
 
 
-def test_unknown_architecture_with_fields_is_planned_generically():
-    d = {"architectures": ["FooForCausalLM"], "model_type": "foo-unknown", "hidden_size": 256,
-         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
-         "intermediate_size": 512, "torch_dtype": "bfloat16", "max_position_embeddings": 2048}
-    p = profile_from_config_dict(d)
+GENERIC = {"architectures": ["LlamaForCausalLM"], "model_type": "foo-unknown", "hidden_size": 256,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+           "intermediate_size": 512, "torch_dtype": "bfloat16", "max_position_embeddings": 2048}
+
+
+def test_unknown_model_type_of_a_vllm_architecture_is_planned_generically():
+    p = profile_from_config_dict(GENERIC)
+    assert p.family == "Family"
     assert p.kv_bytes_per_token() == 4 * 2 * 2 * 64 * 2
     assert p.num_params == 1000 * 256 * 2 + 4 * (256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256) + 256
+
+
+def test_architecture_vllm_does_not_run_is_refused_unless_a_user_family_says_how():
+    foo = {**GENERIC, "architectures": ["FooForCausalLM"]}
+    with pytest.raises(PlanningError) as err:
+        profile_from_config_dict(foo)
+    assert err.value.status_code == 422
+    assert "FooForCausalLM" in err.value.message and "not supported by vLLM 0.32" in err.value.message
+    hooked = profile_from_config_dict(foo, vllm_kwargs={"hive_attention_cls": "tests.unit.planning_fixtures.DoubleKV"})
+    assert hooked.kv_bytes_per_token() == 2 * 4 * 2 * 2 * 64 * 2  # an out-of-tree model the user describes
 
 
 def test_config_dict_and_folder_agree():
@@ -197,6 +210,9 @@ def test_attention_hook_overrides_kv():
     with pytest.raises(PlanningError) as err:
         profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.nope.Missing")
     assert err.value.status_code == 422 and "hive_attention_cls" in err.value.message
+    with pytest.raises(PlanningError) as err:
+        profile("meta-llama__Llama-3.1-8B", hive_attention_cls="tests.unit.planning_fixtures.OldStyleKvHook")
+    assert err.value.status_code == 422 and "Class(profile) form is gone" in err.value.message
 
 
 def test_model_not_in_local_cache_is_a_clear_422():
@@ -221,4 +237,6 @@ def test_a_config_shape_the_planner_cannot_read_is_a_422_not_a_crash():
     with pytest.raises(PlanningError) as err:
         profile_from_config_dict(d, "x")
     assert err.value.status_code == 422
-    assert "cannot model" in err.value.message and "qwen3" in err.value.message and "TypeError" in err.value.message
+    msg = err.value.message
+    assert "cannot model" in msg and "qwen3" in msg and "'num_key_value_heads' is a list of 28 values" in msg
+    assert "TypeError" not in msg  # a clear message, not an internal error
