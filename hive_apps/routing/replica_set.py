@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from ray.serve.handle import DeploymentHandle
 
-from hive_apps import names
+from hive_apps import names, request_ids
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
@@ -178,10 +178,11 @@ class ReplicaSet:
             msg += f" (last error: {type(last_error).__name__})"
         return ResponseStart(status=503, headers=[JSON]), openai_error(503, msg).body
 
-    def _failed(self, view: ReplicaView, e: Exception) -> None:
+    def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise
         self.endpoints[view.index] = None  # a restarted replica has a new port
-        log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
+        log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
+                    request_ids.of_headers(req.headers), e)
 
     async def call(self, req: ForwardedRequest, body: dict[str, Any] | None) -> Reply:
         """A non-streaming request: split over replicas when it carries many sequences, else one call.
@@ -242,7 +243,7 @@ class ReplicaSet:
                 return _served_by(start, view.index), body
             except Exception as e:
                 last_error = e
-                self._failed(view, e)
+                self._failed(view, e, req)
             finally:
                 view.in_flight -= 1
                 view.queued_tokens -= tokens
@@ -282,7 +283,7 @@ class ReplicaSet:
                 if started:
                     raise
                 last_error = e
-                self._failed(view, e)
+                self._failed(view, e, req)
             finally:
                 view.in_flight -= 1
                 view.queued_tokens -= queued
