@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -82,6 +83,9 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
     MetricDef("hive_replica_kv_usage", "gauge", "Share of the replica's KV cache in use (0..1)",
               ("model", "replica", "devices")),
     MetricDef("hive_replica_healthy", "gauge", "1 if the replica answered its last load poll", ("model", "replica", "devices")),
+    # --- tokens (each engine replica, from its own scheduler: vLLM's stat logger, the sim's decode loop) ---
+    MetricDef("hive_tokens", "counter", "Tokens processed by a replica: direction in (prompt) or out (generated)",
+              ("model", "replica", "direction")),
     # --- requests (gateway and routers) ---
     MetricDef("hive_requests", "counter", "Requests answered, by model, entry (gateway or router) and HTTP status code",
               ("model", "entry", "code")),
@@ -287,6 +291,29 @@ class Publisher:
 
     def count(self, metric: str, value: float = 1.0, **tags: str) -> None:
         self.events([event(metric, value, **tags)])
+
+
+class TokenCount:
+    """Tokens of one engine replica, added up locally and sent to Ray at most once a second
+    (vLLM reports every scheduler step); ``flush`` on each load poll keeps the last ones from waiting."""
+
+    FLUSH_S = 1.0
+
+    def __init__(self, model_id: str, replica: int):
+        self.tags = {"model": model_id, "replica": f"r{replica}"}
+        self.pending = {"in": 0, "out": 0}
+        self._flushed_at = time.monotonic()
+
+    def add(self, prompt: int, generated: int) -> None:
+        self.pending["in"] += prompt
+        self.pending["out"] += generated
+        if time.monotonic() - self._flushed_at >= self.FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self._flushed_at = time.monotonic()
+        pending, self.pending = self.pending, {"in": 0, "out": 0}
+        publisher().events([event("hive_tokens", n, direction=d, **self.tags) for d, n in pending.items() if n])
 
 
 _publisher: Publisher | None = None

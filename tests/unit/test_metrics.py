@@ -171,3 +171,28 @@ def test_the_dashboard_is_well_formed():
     variables = {v["name"] for v in dash["templating"]["list"]}
     used = {m for e in dashboard_exprs() for m in re.findall(r"\$(\w+)", e)} - {"__rate_interval", "__all"}
     assert used <= variables
+
+
+async def test_engines_count_their_tokens_in_and_out(recorded):
+    e = await engine(sim_tokens_per_s=5000)
+    status, body = await e.call_json("/v1/chat/completions", {**CHAT, "max_tokens": 5})
+    assert status == 200
+    e.load()  # a load poll sends what was counted since the last send
+    usage = body["usage"]
+    assert recorded.total("hive_tokens", model="sim-model", replica="r0", direction="out") \
+        == usage["completion_tokens"] + 1  # and the one token of the warm-up
+    assert recorded.total("hive_tokens", direction="in") > usage["prompt_tokens"] > 0
+    await e.http.stop()
+
+
+def test_vllm_iteration_stats_feed_the_token_count():
+    from types import SimpleNamespace
+
+    from hive_apps.engine.vllm_engine import LoadTracker
+
+    tracker, seen = LoadTracker(), []
+    tracker.on_tokens = lambda p, g: seen.append((p, g))
+    tracker.record(SimpleNamespace(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.25),
+                   SimpleNamespace(num_prompt_tokens=40, num_generation_tokens=7))
+    tracker.record(None, None)
+    assert (tracker.running, tracker.waiting, tracker.kv_cache_usage) == (3, 1, 0.25) and seen == [(40, 7)]
