@@ -88,7 +88,7 @@ def test_metrics_reach_prometheus_with_the_dashboards_names(clean):
                 and 'code="200"' in ln]
 
     wanted = ['ray_hive_gpu_memory_bytes{', 'device="node-b:gpu0"', 'ray_hive_model_status{',
-              'ray_hive_replica_planned_seqs{', 'ray_hive_deploy_seconds_bucket{']
+              'ray_hive_replica_planned_seqs{', 'ray_hive_deploy_seconds_bucket{', 'ray_hive_tokens_total{']
     deadline = time.time() + 45  # Ray's agents export what processes reported every few seconds
     while True:
         text = scrape(hive)
