@@ -72,6 +72,8 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "HIVE_MONITOR_TOKEN": MONITOR_TOKEN,
         "HIVE_MONITOR_INTERVAL_S": "0.5",
         "HIVE_DEPLOY_TIMEOUT_S": "600",
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.request_ids.proxy_middlewares",
+        "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
         **(env or {}),
     })
     dashboard_port, http_port = free_port(), free_port()

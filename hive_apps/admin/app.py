@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 
 from hive_apps import names
+from hive_apps.admin import status_page
 from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import Reconciler
@@ -295,6 +296,12 @@ class Admin:
     @app.post("/registry/reset", responses=error_responses(401))
     async def reset_registry(self):
         return await self.registry.reset.remote()
+
+    @app.get("/", include_in_schema=False)
+    async def status_page(self):
+        """The status page shell (no data in it; its script fetches the JSON endpoints with the token)."""
+        return HTMLResponse(status_page.PAGE, headers={"cache-control": "no-store",
+                                                       "content-security-policy": status_page.CSP})
 
     @app.get("/healthz")
     async def healthz(self):

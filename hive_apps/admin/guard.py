@@ -14,7 +14,8 @@ from collections.abc import Callable
 from hive_apps.auth import check_admin_token, check_monitor_token
 from hive_apps.settings import HiveSettings
 
-OPEN_PATHS = {"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect"}  # describe the API, hold no state
+# describe the API or hold no state; "/" is the status page's shell, whose script asks for the token
+OPEN_PATHS = {"/", "/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect"}
 SAMPLES_PATH = "/registry/samples"  # the monitor agent's own token is accepted here (and only here)
 MAX_BODY_BYTES = 1 * 2**20
 

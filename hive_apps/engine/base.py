@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from hive_apps.metrics import TokenCount
 from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
@@ -74,6 +75,13 @@ class EngineBase:
         self.requests_total = 0
         self.last_request_at: float | None = None
         self.http: RunningServer | None = None
+        self._tokens: TokenCount | None = None
+
+    def count_tokens(self, prompt: int, generated: int) -> None:
+        """Tokens this replica's engine processed (``hive_tokens``)."""
+        if self._tokens is None:
+            self._tokens = TokenCount(self.model_id, self.replica.index)
+        self._tokens.add(prompt, generated)
 
     async def start_http(self) -> None:
         """Open the replica's own HTTP port once the engine is ready (``engine/http_server.py``)."""
@@ -87,7 +95,10 @@ class EngineBase:
         self.last_request_at = time.time()
 
     def activity(self) -> dict[str, Any]:
-        """The ``EngineLoad`` fields every engine reports the same way."""
+        """The ``EngineLoad`` fields every engine reports the same way (and the token counts go out:
+        routers ask for the load every 0.25 to 2 s)."""
+        if self._tokens is not None:
+            self._tokens.flush()
         return {"in_flight": self.in_flight, "requests_total": self.requests_total,
                 "last_request_at": self.last_request_at}
 

@@ -18,11 +18,14 @@ import contextlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from pydantic import BaseModel
+
+from hive_apps import request_ids
 
 log = logging.getLogger("ray.serve")
 
@@ -64,10 +67,24 @@ def guarded(app: Any, token: str, on_request: Callable[[int], None], load: Calla
             await send({"type": "http.response.body", "body": load().model_dump_json().encode()})
             return
         on_request(1)
+        t0, status = time.perf_counter(), 0
+
+        async def send_seen(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            await app(scope, receive, send)
+            await app(scope, receive, send_seen)
         finally:
             on_request(-1)
+            # Serve logs each handle call with its request id; this is the same line for the short
+            # path. Method, path, status and id only: never a header value or the body.
+            rid = dict(scope["headers"]).get(request_ids.HEADER.encode())
+            rid = rid.decode() if request_ids.well_formed(rid) else "-"
+            log.info("engine %s %s %d %.1fms request_id=%s", scope["method"], scope["path"], status,
+                     (time.perf_counter() - t0) * 1000, rid)
 
     return asgi
 

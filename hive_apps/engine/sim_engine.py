@@ -132,8 +132,10 @@ class SimEngine(EngineBase):
         self.running += 1
         try:
             await asyncio.sleep(prompt_tokens / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
+            self.count_tokens(prompt_tokens, 0)
             for i in range(max_tokens):
                 await asyncio.sleep(1.0 / self.tokens_per_s)
+                self.count_tokens(0, 1)
                 yield WORDS[(prompt_tokens + i) % len(WORDS)] + " "
         finally:
             self.running -= 1

@@ -35,6 +35,16 @@ class LoadTracker:
         self.waiting = 0
         self.kv_cache_usage = 0.0
         self.updated_at = 0.0
+        self.on_tokens = lambda prompt, generated: None  # the engine's token counter
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            self.updated_at = time.time()
+        if iteration_stats is not None:
+            self.on_tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)
 
 
 def make_stat_logger(tracker: LoadTracker):
@@ -45,11 +55,7 @@ def make_stat_logger(tracker: LoadTracker):
             self.tracker = tracker
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None:
-                self.tracker.running = scheduler_stats.num_running_reqs
-                self.tracker.waiting = scheduler_stats.num_waiting_reqs
-                self.tracker.kv_cache_usage = scheduler_stats.kv_cache_usage
-                self.tracker.updated_at = time.time()
+            self.tracker.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self):
             pass
@@ -101,6 +107,7 @@ class VLLMEngine(EngineBase):
 
         self.model_id, self.replica = model_id, replica
         self.tracker = LoadTracker()
+        self.tracker.on_tokens = self.count_tokens
         async with start_lock(model_id, replica):
             t0 = time.perf_counter()
             args = build_serve_args(model_path, model_id, replica.engine_kwargs)

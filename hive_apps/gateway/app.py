@@ -17,7 +17,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hive_apps import names
+from hive_apps import metrics, names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
@@ -39,7 +39,7 @@ class Gateway:
         warn_if_open(self.settings, names.GATEWAY_APP)
         self._records: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas()
-        self._hold = WakeHold(self.settings)
+        self._hold = WakeHold(self.settings, entry="gateway")
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
@@ -56,6 +56,13 @@ class Gateway:
         return {k: r for k, r in self._records.items() if r.status in SERVING or r.status in DORMANT}
 
     async def __call__(self, request: Request) -> Response:
+        response = await self._answer(request)
+        # the model tag only for a model the hive serves: a client's made-up names are not series
+        metrics.publisher().count("hive_requests", model=getattr(request.state, "model", ""), entry="gateway",
+                                  code=str(response.status_code))
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         reason = check_api_key(self.settings, request.headers.get("authorization"))
         if reason:
             return openai_error(401, reason)
@@ -87,6 +94,7 @@ class Gateway:
             gone = gone_message(self._records.get(fields.model), fields.model)
             known = ", ".join(models) or "none yet"
             return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).", "model")
+        request.state.model = fields.model
         return await respond_for(models[fields.model], self._replicas.of, self._hold, req, fields)
 
 

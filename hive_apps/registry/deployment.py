@@ -23,7 +23,7 @@ from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
-from hive_apps import names
+from hive_apps import metrics, names
 from hive_apps.registry.records import DORMANT, ModelRecord, Reservation
 from hive_apps.registry.samples import sample_problems
 from hive_apps.registry.store import StateStore
@@ -140,6 +140,7 @@ class Registry:
             await self._persist(drift)
         self.last_sample_at = time.time()
         self.sampled.set()
+        metrics.publish_registry(await self.device_states(), list(self.ledger.reservations.values()), self.book.list())
 
     def _prefer_agent(self, node_id: str, sample: NodeSample) -> NodeSample:
         """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's."""
@@ -234,6 +235,7 @@ class Registry:
             await self._ready()
         if name in NOW:
             kwargs["now"] = time.time()
+        before = self.book.get(model_id)  # a copy: for the lifecycle metrics
         try:
             if name == "create":
                 change = self.book.create(kwargs["record"], kwargs["reservations"], kwargs["now"])
@@ -253,6 +255,7 @@ class Registry:
             self.start_locks.release(model_id)
             await self._save_start_locks()
         await self._persist([change])
+        metrics.on_transition(name, before, change.record, kwargs)
         return Outcome(ok=True, record=change.record)
 
     # --- reservations and start locks --------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response, StreamingResponse
 
-from hive_apps import names
+from hive_apps import metrics, names
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.protocol import ResponseStart
 from hive_apps.openai_errors import openai_error
@@ -59,8 +59,9 @@ def gone_message(rec: ModelRecord | None, model_id: str) -> str | None:
 
 
 class WakeHold:
-    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], object] | None = None):
+    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], object] | None = None, entry: str = "router"):
         self.settings = settings
+        self.entry = entry  # who holds (gateway or router), for hive_held_requests
         self.records: dict[str, ModelRecord] = {}
         self.held: dict[str, int] = {}
         self._asked: dict[str, float] = {}  # model id -> when a wake was last asked for
@@ -79,18 +80,26 @@ class WakeHold:
     async def wait(self, model_id: str) -> ModelRecord:
         """Hold one request until the model serves; its record then. Raises ``HoldRefused``."""
         if self.held.get(model_id, 0) >= self.settings.hold_max_per_model:
+            metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="hold_full")
             raise _refusal(429, f"model '{model_id}' is waking and {self.settings.hold_max_per_model} requests already "
                                 f"wait for it (HIVE_HOLD_MAX_PER_MODEL); retry after {RETRY_AFTER_S}s")
         self.held[model_id] = self.held.get(model_id, 0) + 1
+        self._publish_held()
         try:
             return await asyncio.wait_for(self._until_serving(model_id, time.time()), self.settings.hold_timeout_s)
         except asyncio.TimeoutError:
             rec = self.records.get(model_id)
             where = f"; it is {rec.status.value}: {rec.message}" if rec else ""
+            metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="hold_timeout")
             raise _refusal(503, f"model '{model_id}' did not wake within {self.settings.hold_timeout_s:.0f}s "
                                 f"(HIVE_HOLD_TIMEOUT_S){where}") from None
         finally:
             self.held[model_id] -= 1
+            self._publish_held()
+
+    def _publish_held(self) -> None:
+        metrics.publisher().gauges("held:" + self.entry, [
+            metrics.sample("hive_held_requests", n, model=m, entry=self.entry) for m, n in self.held.items()])
 
     async def _until_serving(self, model_id: str, since: float) -> ModelRecord:
         async with self._changed:
@@ -102,6 +111,7 @@ class WakeHold:
                     return rec
                 if rec.status is ModelStatus.SLEEPING:
                     if rec.wake_failed_at is not None and rec.wake_failed_at >= since:
+                        metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="wake_failed")
                         raise _refusal(503, f"model '{model_id}' could not wake: {rec.message}")
                     if time.time() - self._asked.get(model_id, 0.0) > 1.0:  # one ask for all waiters, at most 1/s
                         self._asked[model_id] = time.time()

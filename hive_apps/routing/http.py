@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from hive_apps import request_ids
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
@@ -22,9 +23,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("ray.serve")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-PASSED_HEADERS = {"content-type", "accept", "x-request-id"}
-# Set again by whoever sends the response on; passing them on would duplicate them.
-HOP_HEADERS = {"content-length", "content-type", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+# Never authorization (the engine's port has its own token) nor any other credential.
+PASSED_HEADERS = {"content-type", "accept"}
+# Set again by whoever sends the response on; passing them on would duplicate them (the Serve
+# proxy sends the request's x-request-id back itself).
+HOP_HEADERS = {"content-length", "content-type", "transfer-encoding", "connection", "keep-alive", "date", "server",
+               request_ids.HEADER}
 
 
 class BodyTooLarge(Exception):
@@ -39,6 +43,8 @@ async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
             raise BodyTooLarge()
         chunks.append(chunk)
     headers = [(k, v) for k, v in request.headers.items() if k.lower() in PASSED_HEADERS]
+    # the proxy's id (hive_apps/request_ids.py), cleaned again in case it ran without the hive's callback
+    headers.append((request_ids.HEADER, request_ids.ensure(request.headers.get(request_ids.HEADER))))
     return ForwardedRequest(method=request.method, path=path, query=request.url.query, headers=headers, body=b"".join(chunks))
 
 

@@ -22,13 +22,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import aiohttp
 from ray.serve.handle import DeploymentHandle
 
-from hive_apps import names
+from hive_apps import metrics, names, request_ids
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
@@ -70,6 +70,9 @@ class ReplicaSet:
         self.handles = handles
         self.streams = {i: h.options(stream=True) for i, h in handles.items()}
         self.views = {rp.index: ReplicaView.of_plan(rp) for rp in replicas}
+        self.devices = {rp.index: list(rp.devices) for rp in replicas}
+        self.loads: dict[int, EngineLoad] = {}  # the last load each replica reported
+        self.on_refresh: Callable[["ReplicaSet"], None] | None = None  # after each load poll (the router's metrics)
         self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in handles}
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -118,8 +121,11 @@ class ReplicaSet:
             view = self.views[i]
             if isinstance(res, EngineLoad):
                 view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+                self.loads[i] = res
             else:
                 view.healthy = False
+        if self.on_refresh is not None:
+            self.on_refresh(self)
 
     async def _any_healthy(self) -> bool:
         """Whether some replica looks healthy; if none does, ask again before giving up: a view is
@@ -178,20 +184,33 @@ class ReplicaSet:
     def _busy(self) -> Reply | None:
         if not queue_full(self.replica_views(), self.queue_bound):
             return None
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="429", reason="queue_full")
         start = ResponseStart(status=429, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))])
         return start, openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests are "
                                         f"already queued; retry after {RETRY_AFTER_S}s").body
 
     def _unavailable(self, last_error: Exception | None) -> Reply:
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="503", reason="no_replica")
         msg = f"no replica of model '{self.model_id}' could take the request"
         if last_error is not None:
             msg += f" (last error: {type(last_error).__name__})"
         return ResponseStart(status=503, headers=[JSON]), openai_error(503, msg).body
 
-    def _failed(self, view: ReplicaView, e: Exception) -> None:
+    def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise
         self.endpoints[view.index] = None  # a restarted replica has a new port
-        log.warning("%s replica r%d failed before answering: %s", self.model_id, view.index, e)
+        log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
+                    request_ids.of_headers(req.headers), e)
+        metrics.publisher().count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
+
+    def _attempted(self, attempt: int) -> None:
+        """Attempt ``attempt`` (0 the first) is being made; from the second on it is a retry."""
+        if attempt:
+            metrics.publisher().count("hive_retries", model=self.model_id)
+
+    def _answered(self, attempt: int) -> None:
+        if attempt:
+            metrics.publisher().count("hive_failovers", model=self.model_id)
 
     async def call(self, req: ForwardedRequest, body: dict[str, Any] | None) -> Reply:
         """A non-streaming request: split over replicas when it carries many sequences, else one call.
@@ -239,7 +258,8 @@ class ReplicaSet:
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
-        for view in self._attempts(prefer):
+        for attempt, view in enumerate(self._attempts(prefer)):
+            self._attempted(attempt)
             view.in_flight += 1
             view.queued_tokens += tokens
             endpoint = self.endpoints.get(view.index)
@@ -249,10 +269,11 @@ class ReplicaSet:
                 else:
                     async with await self._post(endpoint, req) as resp:
                         start, body = _start_of(resp), await resp.read()
+                self._answered(attempt)
                 return _served_by(start, view.index), body
             except Exception as e:
                 last_error = e
-                self._failed(view, e)
+                self._failed(view, e, req)
             finally:
                 view.in_flight -= 1
                 view.queued_tokens -= tokens
@@ -269,7 +290,8 @@ class ReplicaSet:
             return
         last_error: Exception | None = None
         tokens = prompt_tokens_estimate(req.body)
-        for view in self._attempts():
+        for attempt, view in enumerate(self._attempts()):
+            self._attempted(attempt)
             view.in_flight += 1
             view.queued_tokens += tokens
             queued = tokens  # released at the first body bytes: the prompt is past prefill
@@ -284,6 +306,7 @@ class ReplicaSet:
                     async for item in replies:
                         if not started:
                             item, started = _served_by(item, view.index), True
+                            self._answered(attempt)
                         elif queued:
                             view.queued_tokens, queued = view.queued_tokens - queued, 0
                         yield item
@@ -292,7 +315,7 @@ class ReplicaSet:
                 if started:
                     raise
                 last_error = e
-                self._failed(view, e)
+                self._failed(view, e, req)
             finally:
                 view.in_flight -= 1
                 view.queued_tokens -= queued

@@ -15,7 +15,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hive_apps import names
+from hive_apps import metrics, names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
@@ -37,6 +37,7 @@ class Router:
         self.replicas: ReplicaSet | None = None
         if replicas:  # a parked model's app has its router only
             first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
+            first.on_refresh = self._publish_load
             first.start()
             self.replicas = first
             self._sets.adopt(model_id, replicas, first)
@@ -51,12 +52,25 @@ class Router:
         self.record = rec
         if rec.status in SERVING:
             self.replicas = self._sets.of(rec)
+            self.replicas.on_refresh = self._publish_load
         else:
             self._sets.keep_only(set())
             self.replicas = None
+            self._publish_load(None)
+
+    def _publish_load(self, replicas: ReplicaSet | None) -> None:
+        """Per-replica gauges after each load poll; a replica gone (or the model asleep) goes to 0."""
+        samples = [] if replicas is None else metrics.replica_samples(
+            self.model_id, replicas.replica_views(), replicas.loads, replicas.devices)
+        metrics.publisher().gauges("replicas", samples)
 
     async def __call__(self, request: Request) -> Response:
         """HTTP entry at /<model_id>/...: the path below the prefix goes to the engine as is."""
+        response = await self._answer(request)
+        metrics.publisher().count("hive_requests", model=self.model_id, entry="router", code=str(response.status_code))
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         reason = check_api_key(self.settings, request.headers.get("authorization"))
         if reason:
             return openai_error(401, reason)

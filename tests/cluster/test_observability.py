@@ -1,0 +1,167 @@
+"""Observability on the simulated cluster: request ids through the logs, no secrets in them,
+Prometheus metrics exported, and the status page."""
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import SIM_MODEL
+from tests.harness import ADMIN_TOKEN, API_KEY
+
+pytestmark = pytest.mark.cluster
+
+
+def serve_logs(hive) -> str:
+    """Every Serve log line of the cluster (proxy, controller, every replica), as one text."""
+    logs = Path(hive.cluster.head_node.get_logs_dir_path())
+    files = [*logs.glob("serve/*.log"), *logs.glob("worker-*.out"), *logs.glob("worker-*.err")]
+    return "\n".join(f.read_text(errors="replace") for f in files)
+
+
+def wait_for_logs(hive, *needles: str, timeout_s: float = 15) -> str:
+    deadline = time.time() + timeout_s
+    while True:
+        text = serve_logs(hive)
+        if all(n in text for n in needles) or time.time() > deadline:
+            return text
+        time.sleep(0.5)
+
+
+def test_one_request_id_through_proxy_router_and_engine_and_no_secrets_in_the_logs(clean):
+    hive = clean
+    r = hive.deploy(model_id="traced", model=SIM_MODEL, engine="sim", gpu="node-a:gpu0",
+                    vllm_kwargs={"sim_tokens_per_s": 2000})
+    assert r.status_code == 200, r.text
+    prompt = f"PROMPT-{uuid.uuid4().hex}"
+    body = {"model": "traced", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]}
+
+    mine = f"client:{uuid.uuid4().hex}"
+    for path in ("/v1/chat/completions", "/traced/v1/chat/completions"):
+        out = hive.api.post(path, json=body, headers={"x-request-id": mine})
+        assert out.status_code == 200, out.text
+        assert out.headers.get_list("x-request-id") == [mine], "a well-formed client id comes back as sent, once"
+    bad = "not well formed " + uuid.uuid4().hex
+    out = hive.api.post("/v1/chat/completions", json=body, headers={"x-request-id": bad})
+    assert out.status_code == 200, out.text
+    (replaced,) = out.headers.get_list("x-request-id")
+    assert replaced != bad and len(replaced) <= 128 and " " not in replaced
+    made = hive.api.post("/v1/chat/completions", json=body).headers["x-request-id"]
+
+    text = wait_for_logs(hive, f"request_id={mine}", f"request_id={replaced}", made)
+    lines = [ln for ln in text.splitlines() if mine in ln]
+    assert any("request_id=" + mine in ln and "/v1/chat/completions 200" in ln for ln in lines), \
+        "the engine logs the request with the client's id"
+    assert any("proxy" in ln.lower() or "Gateway" in ln for ln in lines), "the gateway/proxy lines carry the same id"
+    assert f"request_id={replaced}" in text and made in text
+    assert bad.split()[-1] not in text, "a malformed id is never logged"
+    for secret in (API_KEY, ADMIN_TOKEN, prompt):
+        assert secret not in text, f"{secret!r} leaked into the Serve logs"
+
+
+def scrape(hive) -> str:
+    """Every node's Prometheus text from Ray's metrics agents."""
+    import httpx
+
+    texts = []
+    for node in [hive.cluster.head_node, *hive.cluster.worker_nodes]:
+        try:
+            texts.append(httpx.get(f"http://127.0.0.1:{node.metrics_export_port}/metrics", timeout=5).text)
+        except httpx.HTTPError:
+            pass
+    return "\n".join(texts)
+
+
+def test_metrics_reach_prometheus_with_the_dashboards_names(clean):
+    from hive_apps import metrics
+
+    hive = clean
+    r = hive.deploy(model_id="measured", model=SIM_MODEL, engine="sim", gpu="node-b:gpu0",
+                    vllm_kwargs={"sim_tokens_per_s": 2000})
+    assert r.status_code == 200, r.text
+    body = {"model": "measured", "max_tokens": 2, "messages": [{"role": "user", "content": "count me"}]}
+    assert hive.api.post("/v1/chat/completions", json=body).status_code == 200
+    assert hive.api.post("/measured/v1/chat/completions", json=body).status_code == 200
+    def request_lines(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if ln.startswith("ray_hive_requests_total{") and 'model="measured"' in ln
+                and 'code="200"' in ln]
+
+    wanted = ['ray_hive_gpu_memory_bytes{', 'device="node-b:gpu0"', 'ray_hive_model_status{',
+              'ray_hive_replica_planned_seqs{', 'ray_hive_deploy_seconds_bucket{', 'ray_hive_tokens_total{']
+    deadline = time.time() + 45  # Ray's agents export what processes reported every few seconds
+    while True:
+        text = scrape(hive)
+        entries = {'entry="gateway"' in ln for ln in request_lines(text)}
+        if (all(w in text for w in wanted) and entries == {True, False}) or time.time() > deadline:
+            break
+        time.sleep(2)
+    missing = [w for w in wanted if w not in text]
+    assert not missing, f"not exported yet: {missing}"
+    assert entries == {True, False}, ("a request through /v1 and one through /measured/v1 are counted",
+                                      [ln for ln in text.splitlines() if ln.startswith("ray_hive_requests")])
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("ray_hive_")}
+    assert exported <= metrics.exported_names(), exported - metrics.exported_names()
+    reserved = [ln for ln in text.splitlines() if ln.startswith("ray_hive_gpu_memory_bytes{")
+                and 'device="node-b:gpu0"' in ln and 'kind="reserved"' in ln]
+    assert reserved and float(reserved[0].rsplit(" ", 1)[1]) > 0
+
+
+def chromium():
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert binary and driver, "the status page test needs Debian's chromium and chromium-driver (.ci/run installs them)"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
+    import os
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    hive = clean
+    for model_id, gpu in (("alpha", "node-a:gpu0"), ("beta", "node-b:gpu1")):
+        r = hive.deploy(model_id=model_id, model=SIM_MODEL, engine="sim", gpu=gpu, vllm_kwargs={"sim_tokens_per_s": 500})
+        assert r.status_code == 200, r.text
+
+    browser = chromium()
+    try:
+        browser.get(hive.url + "/admin/")
+        assert browser.find_elements(By.CSS_SELECTOR, "[data-device]") == [], "no data before the token"
+        browser.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#auth button").click()
+        wait = WebDriverWait(browser, 20, poll_frequency=0.2)
+        on = lambda dev, rep: browser.find_elements(By.CSS_SELECTOR, f'[data-device="{dev}"] [data-replica="{rep}"]')  # noqa: E731
+        wait.until(lambda _: on("node-a:gpu0", "alpha/r0") and on("node-b:gpu1", "beta/r0"))
+        assert ADMIN_TOKEN not in browser.current_url
+        shown = {e.get_attribute("data-device") for e in browser.find_elements(By.CSS_SELECTOR, "[data-device]")}
+        assert shown == set(hive.gpus()), "every device of the simulated cluster is drawn"
+        nodes = {e.get_attribute("data-node") for e in browser.find_elements(By.CSS_SELECTOR, "[data-node]")}
+        assert {"head", "node-a", "node-b"} <= nodes
+        chips = {(e.find_element(By.XPATH, "ancestor::*[@data-device]").get_attribute("data-device"), e.text)
+                 for e in browser.find_elements(By.CSS_SELECTOR, "[data-replica]")}
+        assert chips == {("node-a:gpu0", "alpha/r0"), ("node-b:gpu1", "beta/r0")}, "each replica on its own GPU only"
+        reserved = browser.find_element(By.CSS_SELECTOR, '[data-device="node-a:gpu0"] .bar .res')
+        assert float(reserved.value_of_css_property("width").rstrip("px")) > 0
+        status = {e.get_attribute("data-model"): e.find_element(By.CSS_SELECTOR, "[data-status]").text
+                  for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-model]")}
+        assert status == {"alpha": "ready", "beta": "ready"}
+        if os.environ.get("HIVE_STATUS_SCREENSHOT"):
+            browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
+
+        assert hive.admin.delete("/models/beta").status_code in (200, 202)
+        wait.until(lambda _: not browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="beta"]')
+                   and not on("node-b:gpu1", "beta/r0"))
+        assert on("node-a:gpu0", "alpha/r0") and browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="alpha"]')
+        assert "refresh failed" not in browser.find_element(By.ID, "state").text
+    finally:
+        browser.quit()
