@@ -51,6 +51,17 @@ def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan, generation: int 
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def plan_summary(rp: ReplicaPlan) -> dict[str, Any]:
+    """What the Ray dashboard shows as each engine deployment's config: where it runs and what
+    the planner gave it (the full plan is in ``GET /admin/models/{id}``)."""
+    st = rp.settings
+    return {"node": rp.node_name, "devices": rp.devices, "device_kind": rp.device_kind.value,
+            "tensor_parallel_size": st.tensor_parallel_size, "max_num_seqs": st.max_num_seqs,
+            "max_model_len": st.max_model_len, "max_num_batched_tokens": st.max_num_batched_tokens,
+            "kv_cache_memory_bytes": st.kv_cache_memory_bytes, "reservation_bytes": rp.reservation_bytes,
+            "expected_tokens_per_s": rp.expected_tokens_per_s}
+
+
 def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None,
                     generations: dict[int, int] | None = None):
     """``generations``: replica index -> the plan generation it was (last) placed at."""
@@ -66,6 +77,7 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=5,
             ray_actor_options=replica_actor_options(rp),
+            user_config={"plan": plan_summary(rp)},
         )
         # A stable version per replica plan: redeploying the app (self-healing) replaces only the
         # replicas whose plan changed; Serve would otherwise restart every engine. Serve 2.60

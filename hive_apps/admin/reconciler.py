@@ -216,7 +216,10 @@ class Reconciler:
             await self._ask("wake_failed", rec, version=rec.version,
                             reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
             return 0.0
-        room = await self.lifecycle.make_room(rec.spec, rec.wake_requested_at)
+        # with load-driven replicas, the fewest wake first; load adds the others
+        bounds = rec.spec.replica_bounds
+        spec = rec.spec if bounds is None else rec.spec.model_copy(update={"replicas": bounds[0]})
+        room = await self.lifecycle.make_room(spec, rec.wake_requested_at)
         evicted = self.evicted_for.setdefault(rec.model_id, set())
         evicted.update(room.evicting)
         if room.plan is None:

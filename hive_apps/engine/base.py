@@ -105,6 +105,11 @@ class EngineBase:
     def endpoint(self) -> EngineEndpoint | None:
         return self.http.endpoint if self.http else None
 
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve passes the deployment's ``user_config``: the replica's plan in brief, set so
+        that the Ray dashboard shows where each engine runs and with what settings."""
+        self.plan_summary = dict(config.get("plan", {}))
+
     def check_health(self) -> None:
         """Serve restarts a replica whose HTTP server died: routers would lose their short path."""
         if self.http is not None and self.http.task.done():
@@ -149,4 +154,5 @@ class EngineBase:
         raise NotImplementedError
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices}
+        return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
+                "plan": getattr(self, "plan_summary", None)}

@@ -5,6 +5,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.cluster.conftest import SIM_MODEL
@@ -165,3 +166,12 @@ def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
         assert "refresh failed" not in browser.find_element(By.ID, "state").text
     finally:
         browser.quit()
+
+
+def test_ray_dashboard_shows_each_engine_deployments_plan(clean):
+    hive = clean
+    assert hive.deploy(model_id="shown", model=SIM_MODEL, engine="sim", gpu="node-b:gpu1").status_code == 200
+    apps = httpx.get(f"{hive.dashboard_url}/api/serve/applications/", timeout=30).json()["applications"]
+    engine = apps["shown"]["deployments"]["engine-r0"]
+    plan = engine["deployment_config"]["user_config"]["plan"]
+    assert plan["devices"] == ["node-b:gpu1"] and plan["node"] == "node-b" and plan["max_num_seqs"] >= 1

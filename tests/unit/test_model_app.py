@@ -28,3 +28,17 @@ def test_a_replica_placed_again_is_a_new_version_and_the_others_keep_theirs():
     assert replica_version("m", p, r0) == replica_version("m", p, r0, 0)  # stable
     assert replica_version("m", p, r0, 3) != replica_version("m", p, r0, 2)  # placed again, same device
     assert replica_version("m", p, r1) != replica_version("m", p, r0)
+
+
+async def test_each_engine_deployment_carries_its_plan_for_the_dashboard():
+    from hive_apps.admin.model_app import plan_summary
+    from hive_apps.engine.sim_engine import SimEngine
+
+    rp = replica_plan(sim_tokens_per_s=2000)
+    summary = plan_summary(rp)
+    assert summary["devices"] == rp.devices and summary["max_num_seqs"] == rp.settings.max_num_seqs
+    assert summary["reservation_bytes"] == rp.reservation_bytes and summary["node"] == rp.node_name
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("m", "", rp, use_start_lock=False)
+    e.reconfigure({"plan": summary})  # what Serve does with the deployment's user_config
+    assert e.info()["plan"] == summary
