@@ -156,15 +156,16 @@ class Reconciler:
             await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
             log.info("removed the app of %s", model_id)
 
-    async def _drain(self, rec: ModelRecord) -> None:
-        """Wait until no request is in flight in the model's engines, at most HIVE_DRAIN_GRACE_S
-        (routers hold or refuse new ones from the moment the record left serving)."""
+    async def _drain(self, rec: ModelRecord, indices: list[int] | None = None) -> None:
+        """Wait until no request is in flight in the model's engines (or only these replicas), at
+        most HIVE_DRAIN_GRACE_S (routers hold, refuse or skip new ones from the moment the record
+        said so)."""
         state = await self._app_state(rec.model_id)
         if not rec.resident or not any(names.is_engine_deployment(d) for d in state.deployments):
             return
         deadline = time.time() + self.settings.drain_grace_s
         while True:
-            act = await self.lifecycle.read(rec, time.time())
+            act = await self.lifecycle.read(rec, time.time(), indices)
             if act is None or act.in_flight == 0:
                 return
             if time.time() >= deadline:
@@ -176,12 +177,7 @@ class Reconciler:
     async def _retire(self, rec: ModelRecord) -> float | None:
         """Scale down: routers already skip the retiring replicas; drain them, rebuild the app
         without them (the other engines keep their versions, so they stay), then ``retired``."""
-        deadline = time.time() + self.settings.drain_grace_s
-        while time.time() < deadline:
-            act = await self.lifecycle.read(rec, time.time(), rec.retiring)
-            if act is None or act.in_flight == 0:
-                break
-            await asyncio.sleep(POLL_S)
+        await self._drain(rec, rec.retiring)
         await self._run_without(rec, rec.retiring)
         await self._ask("retired", rec, version=rec.version)
         return 0.0
@@ -252,9 +248,10 @@ class Reconciler:
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
         live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
-        fresh = rec.status is not ModelStatus.HEALING  # every live replica starts (deploy, wake)
+        fresh = rec.status in (ModelStatus.DEPLOYING, ModelStatus.WAKING)  # every live replica starts
         if fresh and not live:
-            await self._fail(rec, "every replica's node died during the " + ("deploy: " if rec.status is ModelStatus.DEPLOYING else "wake: ") + ", ".join(sorted(rec.lost_replicas)))
+            what = "deploy" if rec.status is ModelStatus.DEPLOYING else "wake"
+            await self._fail(rec, f"every replica's node died during the {what}: " + ", ".join(sorted(rec.lost_replicas)))
             return 0.0
         watched = live if fresh else rec.healing_replicas
         state = await self._app_state(rec.model_id)
