@@ -31,7 +31,7 @@ from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
 from hive_apps.cluster import get_cluster
-from hive_apps.registry.records import ENDED, ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
 
@@ -296,6 +296,13 @@ class Admin:
     @app.post("/registry/reset", responses=error_responses(401))
     async def reset_registry(self):
         return await self.registry.reset.remote()
+
+    @app.get("/load", responses=error_responses(401))
+    async def load(self):
+        """Every serving model's replicas: running and waiting requests against planned capacity."""
+        records = [r for r in await self.registry.list_models.remote() if r.status in SERVING and r.resident]
+        loads = await asyncio.gather(*(self.lifecycle.replica_loads(r) for r in records))
+        return {"models": {r.model_id: {k: v.model_dump() for k, v in ld.items()} for r, ld in zip(records, loads)}}
 
     @app.get("/", include_in_schema=False)
     async def status_page(self):

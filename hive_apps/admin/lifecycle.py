@@ -42,6 +42,13 @@ log = logging.getLogger("ray.serve")
 LOAD_TIMEOUT_S = 2.0
 
 
+class ReplicaLoad(BaseModel):
+    running: int
+    waiting: int
+    capacity: int  # planned max_num_seqs
+    kv_cache_usage: float
+
+
 class Room(BaseModel):
     """The answer to "where can this model go": a plan, or the models being put to sleep for it
     (try again once they are parked), or why nothing can be done now."""
@@ -96,6 +103,22 @@ class Lifecycle:
         if indices is None:
             self.activity[rec.model_id] = act
         return act
+
+    async def replica_loads(self, rec: ModelRecord) -> dict[str, ReplicaLoad]:
+        """Each live replica's load now, against its planned capacity (for ``GET /admin/load``);
+        a replica that does not answer within the timeout is left out."""
+        async def one(rp) -> tuple[str, ReplicaLoad | None]:
+            try:
+                ld = await asyncio.wait_for(self._handle(rec, rp.index).load.remote(), LOAD_TIMEOUT_S)
+            except Exception:
+                return names.replica_label(rp.index), None
+            return names.replica_label(rp.index), ReplicaLoad(
+                running=ld.running, waiting=ld.waiting, capacity=rp.settings.max_num_seqs,
+                kv_cache_usage=ld.kv_cache_usage)
+
+        live = [rp for rp in rec.plan.replicas
+                if names.replica_label(rp.index) not in rec.lost_replicas and rp.index not in rec.healing_replicas]
+        return {k: v for k, v in await asyncio.gather(*(one(rp) for rp in live)) if v is not None}
 
     def forget(self, keep: set[str]) -> None:
         for model_id in set(self.activity) - keep:

@@ -3,7 +3,7 @@
 The page itself holds no state and needs no token (``admin/guard.py`` lets only this shell
 through); its script asks for the admin token in a field, keeps it in the tab's
 ``sessionStorage`` (never in the URL), and fetches ``/admin/nodes``, ``/admin/gpus`` and
-``/admin/models`` with it in the ``Authorization`` header every few seconds. It draws every
+``/admin/models`` and ``/admin/load`` with it in the ``Authorization`` header every few seconds. It draws every
 node and device with a memory bar (reserved by the hive, foreign, free; dormant marked
 inside free, used as a line) and the replicas on each, and every model with its state,
 planned capacity and routes.
@@ -58,7 +58,7 @@ code { font-size: .85rem; }
 <h2>Nodes and devices</h2>
 <div id="nodes"></div>
 <h2>Models</h2>
-<table id="models"><thead><tr><th>model</th><th>state</th><th>replicas</th><th>planned capacity</th><th>route</th><th>message</th></tr></thead><tbody></tbody></table>
+<table id="models"><thead><tr><th>model</th><th>state</th><th>replicas</th><th>load / planned capacity</th><th>route</th><th>message</th></tr></thead><tbody></tbody></table>
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
@@ -109,8 +109,10 @@ function drawNodes(nodes, devices) {
       ...(byNode[name] || []).map(deviceRow));
   }));
 }
-function drawModels(models) {
+function drawModels(models, load) {
   $("models").tBodies[0].replaceChildren(...models.map((m) => {
+    const now = Object.values(load[m.model_id] || {});
+    const busy = now.reduce((s, r) => s + r.running + r.waiting, 0);
     const reps = Object.entries(m.replicas);
     const seqs = reps.filter(([r]) => !(r in (m.lost_replicas || {}))).reduce((s, [, r]) => s + r.settings.max_num_seqs, 0);
     const where = reps.map(([r, p]) => `${r}: ${p.devices.join("+")}`).join(", ");
@@ -118,7 +120,7 @@ function drawModels(models) {
       el("td", {}, el("b", {}, m.model_id), el("br"), el("small", {}, m.model + " · " + m.engine)),
       el("td", { class: "st " + m.status, "data-status": m.status }, m.status + (m.resident ? "" : " (parked)")),
       el("td", {}, where || "none"),
-      el("td", {}, m.resident ? `${seqs} sequences` : `${seqs} when awake`),
+      el("td", { "data-load": busy }, m.resident ? `${busy} / ${seqs} sequences (${Math.round(pct(busy, seqs))} %)` : `${seqs} when awake`),
       el("td", {}, el("code", {}, m.route + "/v1"), " and ", el("code", {}, `${m.openai_v1} model=${m.model_id}`)),
       el("td", {}, m.message || ""));
   }));
@@ -126,9 +128,9 @@ function drawModels(models) {
 async function refresh() {
   if (!token) return;
   try {
-    const [nodes, gpus, models] = await Promise.all([get("/nodes"), get("/gpus"), get("/models")]);
+    const [nodes, gpus, models, load] = await Promise.all([get("/nodes"), get("/gpus"), get("/models"), get("/load")]);
     drawNodes(nodes.nodes, gpus.devices);
-    drawModels(models.models);
+    drawModels(models.models, load.models);
     $("state").className = ""; $("state").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     $("state").className = "err"; $("state").textContent = "refresh failed: " + e.message;

@@ -156,6 +156,9 @@ def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
         status = {e.get_attribute("data-model"): e.find_element(By.CSS_SELECTOR, "[data-status]").text
                   for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-model]")}
         assert status == {"alpha": "ready", "beta": "ready"}
+        load = browser.find_element(By.CSS_SELECTOR, 'tr[data-model="alpha"] [data-load]')
+        planned = hive.admin.get("/models/alpha").json()["replicas"]["r0"]["settings"]["max_num_seqs"]
+        assert load.get_attribute("data-load") == "0" and f"0 / {planned} sequences" in load.text  # idle, of its plan
         if os.environ.get("HIVE_STATUS_SCREENSHOT"):
             browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
 

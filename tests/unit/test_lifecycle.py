@@ -348,3 +348,12 @@ async def test_an_added_replica_that_fails_is_dropped_and_freed(pair):
     rec = await pair.settle("m")
     assert rec.status is ModelStatus.READY and "could not add a replica" in rec.message
     assert [rp.index for rp in rec.plan.replicas] == [0] and set(pair.reserved("m")) == {"m/r0"}
+
+
+async def test_replica_loads_for_the_status_page(pair):
+    await ready(pair, "m", max_replicas=2)
+    busy(pair, "m", 0.5)
+    rec = await pair.registry.get_model("m")
+    loads = await pair.lifecycle.replica_loads(rec)
+    seqs = rec.plan.replicas[0].settings.max_num_seqs
+    assert set(loads) == {"r0"} and loads["r0"].capacity == seqs and loads["r0"].running == int(seqs * 0.5)

@@ -30,7 +30,7 @@ def client() -> httpx.AsyncClient:
     async def data(_):
         return JSONResponse({})
 
-    routes = [Route("/", page, methods=["GET"])] + [Route(p, data) for p in ("/gpus", "/nodes", "/models", "/models/x")]
+    routes = [Route("/", page, methods=["GET"])] + [Route(p, data) for p in ("/gpus", "/nodes", "/models", "/models/x", "/load")]
     guarded = AdminGuard(Starlette(routes=routes), settings=lambda: SETTINGS)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded, root_path="/admin"), base_url="http://h")
 
@@ -41,7 +41,7 @@ async def test_the_shell_loads_without_a_token_and_the_data_does_not():
             r = await c.get(path)
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), path
             assert "Ray Hive" in r.text and "s3cret-admin-tok" not in r.text
-        for path in ("/admin/gpus", "/admin/nodes", "/admin/models", "/admin/models/x"):
+        for path in ("/admin/gpus", "/admin/nodes", "/admin/models", "/admin/models/x", "/admin/load"):
             r = await c.get(path)
             assert r.status_code == 401, path
             assert (await c.get(path, headers={"authorization": "Bearer s3cret-admin-tok"})).status_code == 200
