@@ -107,6 +107,21 @@ def _hook_problem(key: str, value: Any, settings: HiveSettings) -> str | None:
     return None
 
 
+LEGACY_TASK = "task"
+LEGACY_POOLING_TASKS = ("embed", "embedding")
+
+
+def legacy_task(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """vLLM's old ``task="embed"``: the kwargs with ``runner="pooling"`` instead, and the
+    deprecation note the model's status shows."""
+    if LEGACY_TASK not in kwargs:
+        return kwargs, None
+    kept = {k: v for k, v in kwargs.items() if k != LEGACY_TASK}
+    kept["runner"] = "pooling"
+    return kept, (f"vllm_kwargs.task={kwargs[LEGACY_TASK]!r} is deprecated (vLLM removed it); it was mapped to "
+                  "runner='pooling': deploy with that instead")
+
+
 def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSettings) -> list[str]:
     """Every reason to refuse these ``vllm_kwargs`` (empty: they may be used)."""
     problems = []
@@ -126,6 +141,12 @@ def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSett
             problem = _hook_problem(key, value, settings)
             if problem:
                 problems.append(problem)
+        elif key == LEGACY_TASK:
+            if value not in LEGACY_POOLING_TASKS:
+                problems.append(f"task={value!r} is vLLM's old way to pick a runner and only 'embed' is still mapped "
+                                "(to runner='pooling'); use runner and convert instead")
+            elif kwargs.get("runner") not in (None, "pooling"):
+                problems.append(f"task={value!r} means runner='pooling' but runner={kwargs['runner']!r}; keep one")
         elif key in SIM:
             if engine != "sim":
                 problems.append(f"{key} is a setting of the sim engine; this deploy uses {engine!r}")

@@ -160,7 +160,7 @@ class Admin:
             planning_error = first
         deadline, began = time.monotonic() + self.settings.hold_timeout_s, time.time()
         while time.monotonic() < deadline:
-            room = await self.lifecycle.make_room(spec, began)
+            room = await self.lifecycle.make_room(spec, began, as_asked=True)
             if room.plan is not None:
                 return room.plan
             if room.waiting_for:
@@ -197,7 +197,7 @@ class Admin:
                    for rec in await self.registry.list_models.remote()
                    if rec.status is ModelStatus.DEGRADED and rec.lost_replicas and rec.spec.gpu is None
                    and rec.model_id != spec.model_id]
-        outcome = await self.planner.plan.remote(spec, devices, waiting or None)
+        outcome = await self.planner.plan.remote(spec, devices, waiting or None, True)
         if outcome.plan is None:
             raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
         return outcome.plan

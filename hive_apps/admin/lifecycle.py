@@ -198,13 +198,14 @@ class Lifecycle:
                          wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at,
                          devices=sorted({d for rp in rec.plan.replicas for d in rp.devices}))
 
-    async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int]) -> Any:
+    async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int],
+                         as_asked: bool = False) -> Any:
         """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices."""
         if freed:
             devices = [d.model_copy(update={
                 "available_bytes": d.available_bytes + freed.get(d.device.id, 0),
                 "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
-        return await self.planner.plan.remote(spec, devices)
+        return await self.planner.plan.remote(spec, devices, None, as_asked)
 
     async def _held_by(self, model_ids: list[str]) -> dict[str, int]:
         freed: dict[str, int] = {}
@@ -214,21 +215,22 @@ class Lifecycle:
                     freed[dev] = freed.get(dev, 0) + r.held_bytes
         return freed
 
-    async def make_room(self, spec: ModelSpec, waiting_since: float | None = None) -> Room:
+    async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False) -> Room:
         """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.
-        ``waiting_since``: when its first request (or its deploy) began to wait.
+        ``waiting_since``: when its first request (or its deploy) began to wait; ``as_asked``:
+        ``spec`` is a deploy body as the user sent it (``planning/deployment.py``).
 
         Models already draining count as freed: their memory is on its way back, so a retry
         never evicts more than needed."""
         now = time.time()
         records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
         devices = await self.registry.capacities.remote()
-        outcome = await self._plan_with(spec, devices, {})
+        outcome = await self._plan_with(spec, devices, {}, as_asked)
         if outcome.plan is not None:
             return Room(plan=outcome.plan)
         draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
         base = await self._held_by(draining)
-        if base and (await self._plan_with(spec, devices, base)).plan is not None:
+        if base and (await self._plan_with(spec, devices, base, as_asked)).plan is not None:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
@@ -239,7 +241,7 @@ class Lifecycle:
             freed = {**base}
             for dev, nbytes in (await self._held_by(victims)).items():
                 freed[dev] = freed.get(dev, 0) + nbytes
-            return (await self._plan_with(spec, devices, freed)).plan is not None
+            return (await self._plan_with(spec, devices, freed, as_asked)).plan is not None
 
         victims = await choose_victims(order, fits)
         if victims:

@@ -31,6 +31,7 @@ class ModelStatusResponse(BaseModel):
     status_url: str
     replicas: dict[str, ReplicaStatus]
     rejected: list[Rejection] = []
+    notes: list[str] = []  # the plan's remarks (dtype fallbacks, multimodal budgets, deprecations)
     lost_replicas: dict[str, str] = {}
     drift: dict[str, str] = {}
     created_at: float
@@ -61,6 +62,7 @@ class ModelStatusResponse(BaseModel):
                 for rp in rec.plan.replicas
             },
             rejected=rec.plan.rejected,
+            notes=rec.plan.notes,
             lost_replicas=rec.lost_replicas,
             drift=rec.drift,
             created_at=rec.created_at,

@@ -32,11 +32,17 @@ class PlanOutcome(BaseModel):
 
 
 def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
-                  pending: list[ModelSpec] | None = None) -> PlanOutcome:
+                  pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
     """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
-    cannot be loaded is left out (its own deploy reports why)."""
+    cannot be loaded is left out (its own deploy reports why). ``as_asked``: ``spec`` is a body a
+    user just sent, so the fields it set are known (a stored spec has every field set)."""
     try:
         profile = load_profile(spec.model, spec.vllm_kwargs)
+        if as_asked and profile.runner == "pooling" and "max_output_prompt_length" in spec.model_fields_set \
+                and spec.max_output_prompt_length != 0:
+            return PlanOutcome(status_code=422, error=(
+                f"max_output_prompt_length={spec.max_output_prompt_length}, but {spec.model!r} runs as a pooling model "
+                "(embeddings, scores), which generates no tokens: set it to 0 or leave it out"))
         others = []
         for p in pending or []:
             try:
@@ -77,14 +83,14 @@ class PlanWorker:
             pool.shutdown(wait=False, cancel_futures=True)
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
-                   pending: list[ModelSpec] | None = None) -> PlanOutcome:
+                   pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
         loop = asyncio.get_running_loop()
         try:
             async with self._one_at_a_time:
                 if self._pool is None:  # a new worker imports the planner (transformers) first, untimed
                     await loop.run_in_executor(self._executor(), _warm)
                 return await asyncio.wait_for(
-                    loop.run_in_executor(self._executor(), plan_or_error, spec, devices, pending), self.timeout_s)
+                    loop.run_in_executor(self._executor(), plan_or_error, spec, devices, pending, as_asked), self.timeout_s)
         except asyncio.TimeoutError:
             self._replace()
             return PlanOutcome(status_code=422, error=(
@@ -103,8 +109,8 @@ class Planner:
         self.worker = PlanWorker(get_settings().plan_timeout_s)
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
-                   pending: list[ModelSpec] | None = None) -> PlanOutcome:
-        return await self.worker.plan(spec, devices, pending)
+                   pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
+        return await self.worker.plan(spec, devices, pending, as_asked)
 
 
 def build(_: dict | None = None):

@@ -80,6 +80,7 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hive_apps.planning import memory as mem
+from hive_apps.vllm_args import legacy_task
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.packing import joint_slot
 from hive_apps.planning.placement import (
@@ -166,7 +167,7 @@ class _Choice(BaseModel):
 
 def _engine_overrides(spec: ModelSpec) -> tuple[dict[str, Any], "Overrides"]:
     """The deploy's vLLM arguments (``hive_*`` keys are the hive's) and the sizing ones among them."""
-    engine_kwargs = {k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")}
+    engine_kwargs, _ = legacy_task({k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")})
     try:
         return engine_kwargs, Overrides.model_validate(engine_kwargs)
     except ValidationError as exc:
@@ -255,7 +256,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
                            "replica(s), KV for that many full-length requests")
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
-                notes=list(profile.notes) + sizer.notes + policy_notes,
+                notes=list(profile.notes) + sizer.notes + policy_notes + [n for n in [legacy_task(spec.vllm_kwargs)[1]] if n],
                 expected_tokens_per_s=round(sum(r.expected_tokens_per_s or 0.0 for r in replicas), 1),
                 planned_concurrency=sum(r.settings.max_num_seqs for r in replicas))
 

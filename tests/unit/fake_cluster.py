@@ -54,8 +54,8 @@ class LocalHandle:
 
 
 class Planner:
-    def plan(self, spec, devices, pending=None):
-        return plan_or_error(spec, devices, pending)
+    def plan(self, spec, devices, pending=None, as_asked=False):
+        return plan_or_error(spec, devices, pending, as_asked)
 
 
 @dataclass

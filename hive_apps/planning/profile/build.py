@@ -92,6 +92,8 @@ def _runner(architecture: str, vllm_kwargs: dict[str, Any]) -> Literal["generate
     requested = vllm_kwargs.get("runner")
     if requested in ("generate", "pooling"):
         return requested
+    if vllm_kwargs.get("task") in ("embed", "embedding"):  # vLLM's old name (vllm_args.legacy_task)
+        return "pooling"
     if vllm_kwargs.get("convert") in ("embed", "classify", "reward"):
         return "pooling"
     if architecture.endswith(_GENERATE_SUFFIXES):
