@@ -2,7 +2,7 @@
 
 vLLM parses tool calls and reasoning only when it is told which parser fits the model
 (``tool_call_parser``, ``reasoning_parser``, ``enable_auto_tool_choice``). The hive picks them
-from the model's family (config ``model_type`` and architecture) and its chat template
+from the model's family (config ``model_type``, and the name for DeepSeek-R1) and its chat template
 (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja``/``.json`` in the folder):
 
 * a tool parser only when the template mentions ``tools`` (a base model without a tool template
@@ -79,8 +79,7 @@ def read_chat_template(folder: str) -> str | None:
     return None
 
 
-def _family_parsers(model_type: str, architecture: str, model: str,
-                    template: str | None) -> tuple[str | None, str | None, str]:
+def _family_parsers(model_type: str, model: str, template: str | None) -> tuple[str | None, str | None, str]:
     """(tool parser, reasoning parser, family name) from the family, refined by template markers."""
     t = template or ""
     think = template is None or "<think>" in t
@@ -100,8 +99,8 @@ def _family_parsers(model_type: str, architecture: str, model: str,
         if "<think>" in t or re.search(r"(^|[-_/])r1([-_/]|$)", name):
             return "deepseek_v3", "deepseek_r1", "DeepSeek-R1"
         return "deepseek_v3", None, "DeepSeek-V3"
-    if model_type in _MISTRAL or "[TOOL_CALLS]" in t:
-        return "mistral", None, "Mistral"
+    if "[TOOL_CALLS]" in t or (model_type in _MISTRAL and template is None):
+        return "mistral", None, "Mistral"  # the parser needs the [TOOL_CALLS] token; a ChatML fine-tune is Hermes
     if model_type == "llama4":
         return "llama4_pythonic", None, "Llama 4"
     if model_type in _LLAMA3 and ("<|python_tag|>" in t or "<|eot_id|>" in t or "ipython" in t):
@@ -113,12 +112,12 @@ def _family_parsers(model_type: str, architecture: str, model: str,
     return None, None, ""
 
 
-def choose_parsers(*, model_type: str, architecture: str, model: str, template: str | None,
+def choose_parsers(*, model_type: str, model: str, template: str | None,
                    user: dict[str, Any], runner: str = "generate") -> ParserChoice:
     """The parsers and auto tool choice for one deploy; ``user`` is its vllm_kwargs (user keys win)."""
     if runner != "generate":
         return ParserChoice()
-    tool, reasoning, family = _family_parsers(model_type, architecture, model, template)
+    tool, reasoning, family = _family_parsers(model_type, model, template)
     supports_tools = template is not None and bool(_TOOLS_RE.search(template))
     notes: list[str] = []
     why = f"model family {family}" if family else ""

@@ -205,8 +205,8 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
             f"{spec.model!r} is quantized with {quant.method!r} ({quant.weight_format}), which vLLM 0.32 does not "
             "support (its quantization methods include fp8, gptq, awq, compressed-tensors, modelopt, mxfp4); "
             "use a checkpoint in one of those formats, or engine 'sim' to plan it anyway", 422)
-    parsers = choose_parsers(model_type=profile.model_type, architecture=profile.architecture, model=spec.model,
-                             template=engine_kwargs.get("chat_template") or read_chat_template(profile.path), user=engine_kwargs, runner=profile.runner)
+    parsers = choose_parsers(model_type=profile.model_type, model=spec.model, user=engine_kwargs, runner=profile.runner,
+                             template=engine_kwargs.get("chat_template") or read_chat_template(profile.path))
     engine_kwargs = apply_choice(engine_kwargs, parsers)
     sizer = _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
     policy_path = spec.vllm_kwargs.get(PLACEMENT_POLICY_KEY)

@@ -29,8 +29,7 @@ def choice_for(config: str, template: str | None, user: dict | None = None, mode
     text = read_chat_template(str(TEMPLATES / template)) if template else None
     if template:
         assert text, f"fixture {template} has no template"
-    return choose_parsers(model_type=profile.model_type, architecture=profile.architecture,
-                          model=model or config.replace("__", "/"), template=text, user=user or {},
+    return choose_parsers(model_type=profile.model_type, model=model or config.replace("__", "/"), template=text, user=user or {},
                           runner=profile.runner)
 
 
@@ -48,6 +47,7 @@ TABLE = [
     ("meta-llama__Llama-3.1-8B", "hermes3", ("hermes", None, True)),  # Hermes-3 on Llama 3.1
     ("TheBloke__Llama-2-13B-chat-GPTQ", "llama2", (None, None, False)),  # template takes no tools
     ("mistralai__Mixtral-8x7B-v0.1", "mistral", ("mistral", None, True)),
+    ("mistralai__Mixtral-8x7B-v0.1", "hermes3", ("hermes", None, True)),  # a ChatML fine-tune has no [TOOL_CALLS]
     ("deepseek-ai__DeepSeek-V3", "deepseek-v3", ("deepseek_v3", None, True)),
     ("deepseek-ai__DeepSeek-V3", "deepseek-r1", ("deepseek_v3", "deepseek_r1", True)),
     ("deepseek-ai__DeepSeek-V3", "deepseek-v3.1", ("deepseek_v31", "deepseek_v3", True)),
