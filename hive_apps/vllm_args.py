@@ -39,6 +39,7 @@ ALLOWED: dict[str, type] = {
     "structured_outputs_config": dict, "generation_config": str, "override_generation_config": dict,
     "response_role": str, "return_tokens_as_token_ids": bool, "enable_force_include_usage": bool,
 }
+NULLABLE = {"tool_call_parser", "reasoning_parser"}  # null turns off the parser the hive would pick
 HOOKS = {"hive_placement_policy", "hive_attention_cls"}  # class paths the planner imports
 SIM: dict[str, type] = {"sim_tokens_per_s": float, "sim_start_delay_s": float, "sim_fail_start": bool,
                         "sim_memory_factor": float, "sim_cold_start": bool}
@@ -153,6 +154,8 @@ def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSett
             else:
                 problems.append(_type_problem(key, value, SIM[key]))
         elif key in ALLOWED:
+            if value is None and key in NULLABLE:
+                continue  # null: the hive picks no such parser (planning/parsers.py)
             problems.append(_type_problem(key, value, ALLOWED[key]))
             if key == "chat_template" and isinstance(value, str) and "{{" not in value and "{%" not in value:
                 problems.append("chat_template must be the template itself (Jinja text); a path would read a local file")

@@ -69,7 +69,9 @@ User overrides in ``vllm_kwargs`` are honoured exactly: ``max_num_seqs``,
 raises a 422 that says by how much. Keys starting with ``hive_`` belong to the hive and are
 stripped from the engine kwargs (``hive_attention_cls``: a user family class, ``profile/families/``;
 ``hive_placement_policy``: a user placement policy by class path, ``placement.py``). Checkpoints quantized with a method vLLM 0.32 does not have
-(bitsandbytes) are refused for the real engine.
+(bitsandbytes) are refused for the real engine. A deploy that names no ``tool_call_parser`` /
+``reasoning_parser`` gets them from the model's family and chat template (``parsers.py``), in the
+engine kwargs and the plan's notes.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ from hive_apps.planning import memory as mem
 from hive_apps.vllm_args import legacy_task
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.packing import joint_slot
+from hive_apps.planning.parsers import apply_choice, choose_parsers, read_chat_template
 from hive_apps.planning.placement import (
     PLACEMENT_POLICY_KEY, Placement, UserPolicy, capacity, dtype_note, fp8_fallback_note, place_auto,
     place_pinned,
@@ -202,6 +205,9 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
             f"{spec.model!r} is quantized with {quant.method!r} ({quant.weight_format}), which vLLM 0.32 does not "
             "support (its quantization methods include fp8, gptq, awq, compressed-tensors, modelopt, mxfp4); "
             "use a checkpoint in one of those formats, or engine 'sim' to plan it anyway", 422)
+    parsers = choose_parsers(model_type=profile.model_type, model=spec.model, user=engine_kwargs, runner=profile.runner,
+                             template=engine_kwargs.get("chat_template") or read_chat_template(profile.path))
+    engine_kwargs = apply_choice(engine_kwargs, parsers)
     sizer = _Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
     policy_path = spec.vllm_kwargs.get(PLACEMENT_POLICY_KEY)
     policy = UserPolicy(policy_path) if policy_path is not None else None  # checked for pins too
@@ -256,7 +262,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
                            "replica(s), KV for that many full-length requests")
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
-                notes=list(profile.notes) + sizer.notes + policy_notes + [n for n in [legacy_task(spec.vllm_kwargs)[1]] if n],
+                notes=list(profile.notes) + parsers.notes + sizer.notes + policy_notes + [n for n in [legacy_task(spec.vllm_kwargs)[1]] if n],
                 expected_tokens_per_s=round(sum(r.expected_tokens_per_s or 0.0 for r in replicas), 1),
                 planned_concurrency=sum(r.settings.max_num_seqs for r in replicas))
 

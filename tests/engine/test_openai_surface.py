@@ -134,6 +134,18 @@ def test_named_tool_choice_returns_a_valid_call(hive, tiny, no_padding):
         assert call.function.name == "get_weather" and valid_call(call.function.name, call.function.arguments)
 
 
+def test_auto_tool_choice_on_a_deploy_that_named_no_parser(hive, tiny, no_padding):
+    """vLLM answers tool_choice='auto' with a 400 unless auto tool choice and a parser are on: the hive chose them."""
+    assert any("tool_call_parser='hermes' chosen" in n for n in tiny["notes"]), tiny["notes"]
+    for client in openai_clients(hive, "tiny"):
+        out = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER, CLOCK], tool_choice="auto",
+                                             max_tokens=16, logit_bias=no_padding)
+        choice = out.choices[0]
+        assert choice.finish_reason in ("stop", "length", "tool_calls")
+        for call in choice.message.tool_calls or []:  # a random model seldom calls, but any call is parsed
+            assert call.function.name in ("get_weather", "get_time")
+
+
 def test_required_and_none_tool_choice(hive, tiny, no_padding):
     client = openai_clients(hive, "tiny")[0]
     out = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER, CLOCK], tool_choice="required",
