@@ -76,10 +76,13 @@ def deploy(client: httpx.Client, body: dict) -> dict:
 
 
 def delete(client: httpx.Client, *model_ids: str) -> None:
-    for model_id in model_ids:
-        r = client.delete(f"/models/{model_id}")
-        if r.status_code not in (200, 202, 404):
-            check(r)
+    """DELETE each model (they drain side by side); one that is already gone is fine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, len(model_ids))) as pool:
+        for r in pool.map(lambda m: client.delete(f"/models/{m}"), model_ids):
+            if r.status_code not in (200, 202, 404):
+                check(r)
 
 
 def wait_for(client: httpx.Client, model_id: str, pred, timeout: float = 120.0, every: float = 0.25) -> dict:

@@ -4,7 +4,8 @@ Three deploys of the same weights with different configs, over POST /admin/model
 ``auto`` (automatic placement, one replica), ``pair`` (two replicas on two devices, sized to
 serve 32 requests at once), ``napper`` (may sleep after 10 minutes without requests, and be
 evicted for other models at priority 5). Prints each model's devices and planned engine
-settings, asks each one question, then deletes them (``--keep`` leaves them up).
+settings, asks each one question, then deletes them (``--keep`` leaves them up). The three
+deploys go out at once without ``?wait=true``: each answers 202 with a ``status_url`` to poll.
 
     export HIVE_URL=http://head:8000 HIVE_ADMIN_TOKEN=... HIVE_API_KEY=...
     python examples/deploy_models.py --model Qwen/Qwen3-0.6B            # real vLLM engines
@@ -13,7 +14,7 @@ settings, asks each one question, then deletes them (``--keep`` leaves them up).
 
 from __future__ import annotations
 
-from _hive import admin, deploy, delete, openai_client, parser, spec
+from _hive import admin, check, delete, openai_client, parser, spec, wait_for
 
 
 def main() -> None:
@@ -27,8 +28,13 @@ def main() -> None:
         spec(args, "napper", sleep_timeout=600, priority=5),
     ]
     try:
+        for body in bodies:  # all at once: the hive plans and starts them side by side
+            accepted = check(hive.post("/models", json=body))
+            print(f"{body['model_id']}: {accepted['status']}, poll {accepted['status_url']}")
         for body in bodies:
-            st = deploy(hive, body)
+            st = wait_for(hive, body["model_id"], lambda b: b["status"] in ("ready", "failed"), timeout=900)
+            if st["status"] != "ready":
+                raise SystemExit(f"{st['model_id']} failed: {st['message']}")
             print(f"{st['model_id']}: {st['status']} in {st['deploy_seconds']:.1f} s, route {st['route']}")
             for name, rep in st["replicas"].items():
                 s = rep["settings"]

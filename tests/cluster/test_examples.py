@@ -29,6 +29,7 @@ def run_example(hive, script: str, *args: str, timeout: float = 120, **env: str)
 
 def test_deploy_models(clean):
     out = run_example(clean, "deploy_models.py", *SIM)
+    assert "auto: deploying, poll /admin/models/auto" in out  # 202 without ?wait=true
     assert re.search(r"pair: ready .*\n  r0 on \S+: .*\n  r1 on \S+", out), out  # two replicas
     assert "deployed 3 models; /v1/models lists ['auto', 'napper', 'pair']" in out
     assert clean.admin.get("/models").json()["models"] == []  # it cleaned up
@@ -41,7 +42,7 @@ def test_inference(clean):
 
 
 def test_sleep_and_idle(clean):
-    out = run_example(clean, "sleep_idle.py", *SIM, "--sleep-timeout", "1.5")
+    out = run_example(clean, "sleep_idle.py", *SIM, "--sleep-timeout", "1")
     assert "sleepy: parked (sleep_mode=parked, resident=False)" in out
     assert re.search(r"last_wake: how=parked placement=[\d.]+ s engine_start=[\d.]+ s", out), out
     assert "brief: destroyed" in out and "brief: a request now gets 404" in out
