@@ -1,0 +1,92 @@
+"""Every example in examples/ that can run without a GPU, run as a user would: a subprocess
+talking HTTP to the simulated cluster's hive, with the sim engine and the fixture model."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster.conftest import SIM_MODEL
+from tests.harness import ADMIN_TOKEN, API_KEY, ROOT
+
+pytestmark = pytest.mark.cluster
+
+MINILM = str(ROOT / "tests" / "fixtures" / "model_configs" / "sentence-transformers__all-MiniLM-L6-v2")
+SIM = ["--engine", "sim", "--model", SIM_MODEL]
+
+
+def run_example(hive, script: str, *args: str, timeout: float = 120, **env: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "HIVE_URL": hive.url, "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEY": API_KEY, **env})
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_deploy_models(clean):
+    out = run_example(clean, "deploy_models.py", *SIM)
+    assert "auto: deploying, poll /admin/models/auto" in out  # 202 without ?wait=true
+    assert re.search(r"pair: ready .*\n  r0 on \S+: .*\n  r1 on \S+", out), out  # two replicas
+    assert "deployed 3 models; /v1/models lists ['auto', 'napper', 'pair']" in out
+    assert clean.admin.get("/models").json()["models"] == []  # it cleaned up
+
+
+def test_inference(clean):
+    out = run_example(clean, "inference.py", *SIM)
+    assert "async: 4 answers" in out and "batch: 4 prompts -> 4 choices" in out and "n=3: 3 samples" in out
+    assert re.search(r"streamed ([1-9]\d*) chunks", out) and "inference: ok" in out
+
+
+def test_sleep_and_idle(clean):
+    out = run_example(clean, "sleep_idle.py", *SIM, "--sleep-timeout", "1")
+    assert "sleepy: parked (sleep_mode=parked, resident=False)" in out
+    assert re.search(r"last_wake: how=parked placement=[\d.]+ s engine_start=[\d.]+ s", out), out
+    assert "brief: destroyed" in out and "brief: a request now gets 404" in out
+
+
+def test_shared_gpu(clean):
+    out = run_example(clean, "shared_gpu.py", *SIM)
+    assert re.search(r"both on node-[ab]:gpu\d: \['left/r0', 'right/r0'\]", out), out
+
+
+def test_allocation_policies(clean):
+    out = run_example(clean, "allocation.py", *SIM, "--deploy", "conserve_tdp")
+    assert re.search(r"^performance: node-a:gpu[01] \(TDP 700 W\)", out, re.M), out  # the H100s
+    assert re.search(r"^conserve_tdp: node-b:gpu[01] \(TDP 72 W\)", out, re.M), out  # the L4s, not the A10
+    assert re.search(r"deployed by-conserve-tdp on \[\['node-b:gpu[01]'\]\]", out), out
+
+
+def test_tensor_parallel(clean):
+    out = run_example(clean, "tensor_parallel.py", *SIM, "--deploy")
+    assert re.search(r"plan: tensor_parallel_size=2 on \['(node-\w):gpu0', '\1:gpu1'\]", out), out
+    assert "deployed tp-group: ready" in out
+
+
+def test_embeddings(clean):
+    out = run_example(clean, "embeddings.py", "--engine", "sim", "--model", MINILM)
+    assert "embedded 3 sentences, dim=384" in out
+
+
+def test_stress_counts_429s(clean):
+    out = run_example(clean, "stress.py", *SIM, "--requests", "120", "--concurrency", "60",
+                      "--max-queued", "2", "--max-concurrency", "4", "--max-tokens", "32")
+    m = re.search(r"status codes \{200: (\d+), 429: (\d+)\}", out)
+    assert m and int(m[1]) > 0 and int(m[2]) > 0 and int(m[1]) + int(m[2]) == 120, out
+    assert re.search(r"[\d.]+ req/s ok", out)
+
+
+def test_shutdown(clean):
+    assert clean.deploy(model_id="doomed", model=SIM_MODEL, engine="sim", max_input_prompt_length=256,
+                        max_output_prompt_length=32).status_code == 200
+    out = run_example(clean, "shutdown.py")
+    assert "serving: ['doomed']" in out and "left: nothing; reserved on all devices: 0 bytes" in out
+
+
+def test_ray_tasks(hive):
+    out = run_example(hive, "ray_tasks.py", "--tasks", "6", "--samples", "20000",
+                      RAY_ADDRESS=hive.cluster.address)
+    assert re.search(r"pi ~ 3\.1\d* from 6 tasks", out), out
