@@ -61,16 +61,24 @@ class HiveSettings(BaseSettings):
     min_residency_s: float = Field(60.0, ge=0, description="A model that woke is not evicted for another before this many seconds.")
     lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")
     scale_window_s: float = Field(30.0, gt=0, description="How long every replica must stay above 80 % (below 20 %) of its planned capacity before one is added (removed).")
+    media_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated hosts chat requests may have engines fetch media from (http/https); empty = remote media off, data: URLs only.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
 
-    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", mode="before")
+    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, v):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("media_hosts")
+    @classmethod
+    def _hostnames(cls, v: list[str]) -> list[str]:
+        if isinstance(v, list):
+            return [h.lower() for h in v]
         return v
 
     @field_validator("engine_port_range", mode="before")

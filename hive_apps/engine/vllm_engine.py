@@ -88,6 +88,12 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
     for key, value in kwargs.items():
         if not isinstance(value, (dict, list)):
             setattr(args, key, value)
+    # vLLM fetches media URLs itself: only from the operator's hosts (the routers refuse the rest
+    # first, routing/media.py; vLLM reads an empty list as "any host", so it is left unset then)
+    from hive_apps.settings import get_settings
+
+    if get_settings().media_hosts:
+        args.allowed_media_domains = list(get_settings().media_hosts)
     args.served_model_name = [model_id]
     validate_parsed_serve_args(args)
     return args

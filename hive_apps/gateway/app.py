@@ -23,6 +23,7 @@ from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, gone_message
+from hive_apps.routing.media import remote_media_problem
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond_for, too_large
 from hive_apps.settings import get_settings
@@ -86,7 +87,8 @@ class Gateway:
         fields = body_fields(req)
         if fields.model is None:
             return openai_error(400, "the request body must be JSON with a 'model' field naming a model from GET /v1/models", "model")
-        problem = body_problem(path.rstrip("/"), fields.body)
+        problem = body_problem(path.rstrip("/"), fields.body) or \
+            await remote_media_problem(fields.body, self.settings.media_hosts)
         if problem is not None:
             return openai_error(400, *problem)
         models = await self.listed_models()

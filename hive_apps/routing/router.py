@@ -19,6 +19,7 @@ from hive_apps import metrics, names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.routing.media import remote_media_problem
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, respond_for, too_large
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
@@ -90,7 +91,8 @@ class Router:
             return too_large()
         fields = body_fields(req)
         if request.method == "POST":
-            problem = body_problem(path.rstrip("/"), fields.body)
+            problem = body_problem(path.rstrip("/"), fields.body) or \
+                await remote_media_problem(fields.body, self.settings.media_hosts)
             if problem is not None:
                 return openai_error(400, *problem)
         rec = self.record
