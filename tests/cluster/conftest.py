@@ -30,3 +30,9 @@ def clean(hive):
     hive.admin.delete("/models")
     yield hive
     hive.admin.delete("/models")
+
+
+def pytest_collection_modifyitems(items):
+    """``test_fake_nvml.py`` starts its own small cluster, so it runs before any test of the
+    package's shared one (whatever the file names sort as)."""
+    items.sort(key=lambda item: item.module.__name__ != "tests.cluster.test_fake_nvml")
