@@ -23,7 +23,24 @@ class Gemma3Family(Gemma2Family):
     qk_norm = True
 
 
-class Gemma3nFamily(Family):
+class _SharedKVLayers(Family):
+    """Gemma 3n and 4: the last ``num_kv_shared_layers`` layers read an earlier layer's cache,
+    hold none of their own, and have no k_norm."""
+
+    def kv_shared(self, i: int) -> bool:
+        shared = int(self.num("num_kv_shared_layers", default=0) or 0)
+        return shared > 0 and i >= self.dims.layers - shared
+
+    def shared_layers_drop_kv(self) -> bool:
+        return True
+
+    def attention_params(self, layer: Layer, c: ParamCounts) -> None:
+        super().attention_params(layer, c)
+        if layer.kv_shared:
+            c.small -= layer.head_size  # no k_norm on a layer that reads another layer's cache
+
+
+class Gemma3nFamily(_SharedKVLayers):
     """Gemma 3n (``gemma3n.py``): per-layer MLP widths (``intermediate_size`` is a list), the last
     ``num_kv_shared_layers`` layers read the cache of the last earlier layer of the same type,
     per-layer embeddings (PLE), AltUp and LAuReL blocks."""
@@ -46,18 +63,6 @@ class Gemma3nFamily(Family):
             return int(v[i])
         return int(v)
 
-    def kv_shared(self, i: int) -> bool:
-        shared = int(self.num("num_kv_shared_layers", default=0) or 0)
-        return shared > 0 and i >= self.dims.layers - shared
-
-    def shared_layers_drop_kv(self) -> bool:
-        return True
-
-    def attention_params(self, layer: Layer, c: ParamCounts) -> None:
-        super().attention_params(layer, c)
-        if layer.kv_shared:
-            c.small -= layer.head_size  # no k_norm on a layer that reads another layer's cache
-
     def extra_params(self, c: ParamCounts) -> None:
         d = self.dims
         h, n = d.hidden, d.layers
@@ -75,7 +80,7 @@ class Gemma3nFamily(Family):
         c.small += n * per_layer
 
 
-class Gemma4Family(Family):
+class Gemma4Family(_SharedKVLayers):
     """Gemma 4 (``gemma4.py``): transformers 5 per-layer configs give full-attention layers their own
     head size and KV head count (``per_layer_config``); the last ``num_kv_shared_layers`` layers
     read an earlier layer's cache; optional per-layer embeddings and a MoE block beside the MLP."""
@@ -97,24 +102,12 @@ class Gemma4Family(Family):
     def head_dim(self, lc: Any = None) -> int:
         return int(fields.num(self.text if lc is None else lc, "head_dim"))
 
-    def kv_shared(self, i: int) -> bool:
-        shared = int(self.num("num_kv_shared_layers", default=0) or 0)
-        return shared > 0 and i >= self.dims.layers - shared
-
-    def shared_layers_drop_kv(self) -> bool:
-        return True
-
     def layer_intermediate(self, lc: Any, i: int) -> int:
         double = bool(self.get("use_double_wide_mlp", default=False)) and self.kv_shared(i)
         return self.dims.intermediate * (2 if double else 1)
 
     def is_moe_layer(self, i: int) -> bool:
         return False  # the MoE block sits beside the dense MLP (extra_params)
-
-    def attention_params(self, layer: Layer, c: ParamCounts) -> None:
-        super().attention_params(layer, c)
-        if layer.kv_shared:
-            c.small -= layer.head_size  # no k_norm on a layer that reads another layer's cache
 
     def extra_params(self, c: ParamCounts) -> None:
         d = self.dims
