@@ -11,9 +11,11 @@ because users talk to a hive over HTTP. Environment:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -83,6 +85,21 @@ def delete(client: httpx.Client, *model_ids: str) -> None:
         for r in pool.map(lambda m: client.delete(f"/models/{m}"), model_ids):
             if r.status_code not in (200, 202, 404):
                 check(r)
+
+
+@contextlib.contextmanager
+def deployed(args: argparse.Namespace, model_id: str, **fields) -> Iterator[dict | None]:
+    """Deploy ``model_id`` for the example and delete it after; with ``--use``, use that deployed
+    model as it is (yields None then, else the deploy's status)."""
+    if args.use:
+        yield None
+        return
+    hive = admin()
+    status = deploy(hive, spec(args, model_id, **fields))
+    try:
+        yield status
+    finally:
+        delete(hive, model_id)
 
 
 def wait_for(client: httpx.Client, model_id: str, pred, timeout: float = 120.0, every: float = 0.25) -> dict:

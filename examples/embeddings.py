@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from _hive import admin, delete, deploy, openai_client, parser, spec
+from _hive import deployed, openai_client, parser
 
 SENTENCES = ["The cat sits on the mat.", "A kitten rests on a rug.", "GPUs multiply matrices quickly."]
 
@@ -30,20 +30,14 @@ def main() -> None:
     p.add_argument("--use", metavar="MODEL_ID", help="a deployed embedding model instead of deploying one")
     args = p.parse_args()
     model_id = args.use or "embed"
-    hive = None
-    if not args.use:
-        hive = admin()
-        st = deploy(hive, spec(args, model_id, max_output_prompt_length=0))
-        print(f"embed: {st['status']} on {[r['devices'] for r in st['replicas'].values()]}")
-    try:
+    with deployed(args, model_id, max_output_prompt_length=0) as st:
+        if st is not None:
+            print(f"embed: {st['status']} on {[r['devices'] for r in st['replicas'].values()]}")
         out = openai_client().embeddings.create(model=model_id, input=SENTENCES)
         vecs = [d.embedding for d in out.data]
         print(f"embedded {len(vecs)} sentences, dim={len(vecs[0])}, {out.usage.prompt_tokens} tokens")
         i, j = max(combinations(range(len(vecs)), 2), key=lambda ij: cosine(vecs[ij[0]], vecs[ij[1]]))
         print(f"most similar: {SENTENCES[i]!r} ~ {SENTENCES[j]!r} (cosine {cosine(vecs[i], vecs[j]):.3f})")
-    finally:
-        if hive is not None:
-            delete(hive, model_id)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 
 from pydantic import BaseModel
 
-from _hive import API_KEY, URL, admin, delete, deploy, openai_client, parser, spec
+from _hive import API_KEY, URL, deployed, openai_client, parser
 
 
 class City(BaseModel):
@@ -39,15 +39,8 @@ def main() -> None:
     p.add_argument("--use", metavar="MODEL_ID", help="ask this deployed model instead of deploying one")
     args = p.parse_args()
     model_id = args.use or "chat"
-    hive = None
-    if not args.use:
-        hive = admin()
-        deploy(hive, spec(args, model_id, replicas=2))
-    try:
+    with deployed(args, model_id, replicas=2):
         run(model_id, args.engine)
-    finally:
-        if hive is not None:
-            delete(hive, model_id)
 
 
 def run(model_id: str, engine: str) -> None:

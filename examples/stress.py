@@ -21,7 +21,7 @@ from collections import Counter
 
 import httpx
 
-from _hive import API_KEY, URL, admin, delete, deploy, parser, spec
+from _hive import API_KEY, URL, deployed, parser
 
 
 async def run(model_id: str, requests: int, concurrency: int, max_tokens: int) -> None:
@@ -69,18 +69,11 @@ def main() -> None:
     p.add_argument("--max-concurrency", type=int, default=16, help="the deploy's max_concurrency (planned seqs)")
     args = p.parse_args()
     model_id = args.use or "stress"
-    hive = None
-    if not args.use:
-        hive = admin()
-        st = deploy(hive, spec(args, model_id, max_queued_requests=args.max_queued,
-                               max_concurrency=args.max_concurrency))
-        seqs = sum(r["settings"]["max_num_seqs"] for r in st["replicas"].values())
-        print(f"stress: {len(st['replicas'])} replica(s), {seqs} sequences at once, {args.max_queued} may wait")
-    try:
+    with deployed(args, model_id, max_queued_requests=args.max_queued, max_concurrency=args.max_concurrency) as st:
+        if st is not None:
+            seqs = sum(r["settings"]["max_num_seqs"] for r in st["replicas"].values())
+            print(f"stress: {len(st['replicas'])} replica(s), {seqs} sequences at once, {args.max_queued} may wait")
         asyncio.run(run(model_id, args.requests, args.concurrency, args.max_tokens))
-    finally:
-        if hive is not None:
-            delete(hive, model_id)
 
 
 if __name__ == "__main__":
