@@ -59,7 +59,12 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
 
 
 def _warm() -> None:
-    from transformers import AutoConfig  # noqa: F401
+    """What every first plan imports whatever the model: AutoConfig, and what any family's config
+    class pulls in with it (configuration_utils and auto_factory import torch: ~2 s here), so no
+    plan's deadline counts it. One family's config, built, imports all of that."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("llama")
 
 
 class PlanWorker:
