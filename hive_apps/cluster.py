@@ -78,6 +78,21 @@ class Cluster(Protocol):
     def kv_keys(self, namespace: str, prefix: str) -> list[str]: ...
 
 
+class ControlPlane:
+    """The registry and planner apps, reached through the class's ``cluster`` seam (the admin, its
+    reconciler and its lifecycle loop all ask them)."""
+
+    cluster: Cluster
+
+    @property
+    def registry(self) -> Any:
+        return self.cluster.app_handle(names.REGISTRY_APP)
+
+    @property
+    def planner(self) -> Any:
+        return self.cluster.app_handle(names.PLANNER_APP)
+
+
 async def off_loop(fn, *args, timeout: float | None = None):
     """Run a blocking seam call in a thread, so no event loop waits on Ray."""
     return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)

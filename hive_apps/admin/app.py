@@ -30,7 +30,7 @@ from hive_apps.auth import warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
-from hive_apps.cluster import get_cluster
+from hive_apps.cluster import ControlPlane, get_cluster
 from hive_apps.registry.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
@@ -99,7 +99,7 @@ async def _validation_error(_: Request, e: RequestValidationError):
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=200, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
-class Admin:
+class Admin(ControlPlane):
     """Validate, plan, ask the registry for transitions; the reconciler does the rest."""
 
     def __init__(self):
@@ -111,14 +111,6 @@ class Admin:
         self.records: list[ModelRecord] = []  # as the registry last announced them
         self._watcher = asyncio.get_event_loop().create_task(self._watch_records())
         self._ticker = asyncio.get_event_loop().create_task(self._lifecycle_loop())
-
-    @property
-    def registry(self):
-        return self.cluster.app_handle(names.REGISTRY_APP)
-
-    @property
-    def planner(self):
-        return self.cluster.app_handle(names.PLANNER_APP)
 
     async def _watch_records(self) -> None:
         """Wake the loop of every model whose record changed; sweep orphan apps now and then.

@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from hive_apps import names
-from hive_apps.cluster import Cluster
+from hive_apps.cluster import Cluster, ControlPlane
+from hive_apps.engine.protocol import EngineLoad
 from hive_apps.lifecycle import (
     Activity,
     Candidate,
@@ -61,21 +62,13 @@ class Room(BaseModel):
     status_code: int = 200
 
 
-class Lifecycle:
+class Lifecycle(ControlPlane):
     def __init__(self, cluster: Cluster, settings: HiveSettings):
         self.cluster = cluster
         self.settings = settings
         self.activity: dict[str, Activity] = {}
         self.clocks: dict[str, ScaleClock] = {}  # load-driven replicas: since when all are busy / idle
         self._handles: dict[tuple[str, int, int], Any] = {}
-
-    @property
-    def registry(self) -> Any:
-        return self.cluster.app_handle(names.REGISTRY_APP)
-
-    @property
-    def planner(self) -> Any:
-        return self.cluster.app_handle(names.PLANNER_APP)
 
     # --- activity ---------------------------------------------------------------------
     def _handle(self, rec: ModelRecord, index: int) -> Any:
@@ -89,11 +82,10 @@ class Lifecycle:
         ``indices``: only these replicas (a drain of one), not folded into the model's activity."""
         live = indices if indices is not None else [
             rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
-        try:
-            loads = await asyncio.gather(*(asyncio.wait_for(self._handle(rec, i).load.remote(), LOAD_TIMEOUT_S)
-                                           for i in live))
-        except Exception as e:
-            log.info("activity of %s not readable now: %s", rec.model_id, e)
+        loads = await self._loads(rec, live)
+        failed = next((ld for ld in loads if isinstance(ld, Exception)), None)
+        if failed is not None:
+            log.info("activity of %s not readable now: %s", rec.model_id, failed)
             return None
         in_flight = sum(max(ld.in_flight, ld.running + ld.waiting) for ld in loads)
         last = max((ld.last_request_at for ld in loads if ld.last_request_at is not None), default=None)
@@ -107,18 +99,18 @@ class Lifecycle:
     async def replica_loads(self, rec: ModelRecord) -> dict[str, ReplicaLoad]:
         """Each live replica's load now, against its planned capacity (for ``GET /admin/load``);
         a replica that does not answer within the timeout is left out."""
-        async def one(rp) -> tuple[str, ReplicaLoad | None]:
-            try:
-                ld = await asyncio.wait_for(self._handle(rec, rp.index).load.remote(), LOAD_TIMEOUT_S)
-            except Exception:
-                return names.replica_label(rp.index), None
-            return names.replica_label(rp.index), ReplicaLoad(
-                running=ld.running, waiting=ld.waiting, capacity=rp.settings.max_num_seqs,
-                kv_cache_usage=ld.kv_cache_usage)
-
         live = [rp for rp in rec.plan.replicas
                 if names.replica_label(rp.index) not in rec.lost_replicas and rp.index not in rec.healing_replicas]
-        return {k: v for k, v in await asyncio.gather(*(one(rp) for rp in live)) if v is not None}
+        loads = await self._loads(rec, [rp.index for rp in live])
+        return {names.replica_label(rp.index): ReplicaLoad(running=ld.running, waiting=ld.waiting,
+                                                           capacity=rp.settings.max_num_seqs,
+                                                           kv_cache_usage=ld.kv_cache_usage)
+                for rp, ld in zip(live, loads) if not isinstance(ld, Exception)}
+
+    async def _loads(self, rec: ModelRecord, indices: list[int]) -> list[EngineLoad | Exception]:
+        """Each of these replicas' own ``load()``, or why it did not answer within LOAD_TIMEOUT_S."""
+        return await asyncio.gather(*(asyncio.wait_for(self._handle(rec, i).load.remote(), LOAD_TIMEOUT_S)
+                                      for i in indices), return_exceptions=True)
 
     def forget(self, keep: set[str]) -> None:
         for model_id in set(self.activity) - keep:

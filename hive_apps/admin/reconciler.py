@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hive_apps import names
 from hive_apps.admin.failures import failure_reason
-from hive_apps.cluster import MISSING, AppState, Cluster, off_loop
+from hive_apps.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
 from hive_apps.registry.control import heal_backoff_s
 from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import HiveSettings
@@ -55,7 +56,7 @@ def is_model_app(state: AppState) -> bool:
         d == names.ROUTER_DEPLOYMENT or names.is_engine_deployment(d) for d in deps)
 
 
-class Reconciler:
+class Reconciler(ControlPlane):
     def __init__(self, cluster: Cluster, settings: HiveSettings, lifecycle: "Lifecycle",
                  apply_grace_s: float = APPLY_GRACE_S):
         self.cluster = cluster
@@ -65,14 +66,6 @@ class Reconciler:
         self.loops: dict[str, asyncio.Task] = {}
         self.evicted_for: dict[str, set[str]] = {}  # waking model -> models put to sleep for it
         self.kicks: dict[str, asyncio.Event] = {}
-
-    @property
-    def registry(self) -> Any:
-        return self.cluster.app_handle(names.REGISTRY_APP)
-
-    @property
-    def planner(self) -> Any:
-        return self.cluster.app_handle(names.PLANNER_APP)
 
     # --- loops ------------------------------------------------------------------------------
     def ensure(self, model_id: str) -> None:
@@ -178,13 +171,16 @@ class Reconciler:
         """Scale down: routers already skip the retiring replicas; drain them, rebuild the app
         without them (the other engines keep their versions, so they stay), then ``retired``."""
         await self._drain(rec, rec.retiring)
-        await self._run_without(rec, rec.retiring)
+        await self._build(rec, leave_out=rec.retiring)
         await self._ask("retired", rec, version=rec.version)
         return 0.0
 
-    async def _run_without(self, rec: ModelRecord, indices: list[int]) -> None:
-        kept = rec.plan.model_copy(update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in indices]})
-        await off_loop(self.cluster.run_model_app, rec.model_id, kept, rec.spec.max_queued_requests,
+    async def _build(self, rec: ModelRecord, leave_out: Collection[int] = ()) -> None:
+        """Build (or rebuild) the model's app from its plan, without the replicas in ``leave_out``
+        (all of them: parked, the router alone)."""
+        plan = rec.plan if not leave_out else rec.plan.model_copy(
+            update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in leave_out]})
+        await off_loop(self.cluster.run_model_app, rec.model_id, plan, rec.spec.max_queued_requests,
                        rec.placed_at, timeout=SERVE_TIMEOUT_S)
 
     async def _sleeping(self, rec: ModelRecord) -> float | None:
@@ -200,9 +196,7 @@ class Reconciler:
         return None
 
     async def _park_app(self, rec: ModelRecord) -> None:
-        parked = rec.plan.model_copy(update={"replicas": []})
-        await off_loop(self.cluster.run_model_app, rec.model_id, parked, rec.spec.max_queued_requests,
-                       {}, timeout=SERVE_TIMEOUT_S)
+        await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
         log.info("%s parked: engines removed, router kept", rec.model_id)
 
     async def _wake(self, rec: ModelRecord) -> float | None:
@@ -243,8 +237,7 @@ class Reconciler:
 
     async def _starting(self, rec: ModelRecord) -> float | None:
         if rec.applied_generation != rec.plan_generation:
-            await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
-                           rec.placed_at, timeout=SERVE_TIMEOUT_S)
+            await self._build(rec)
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
         live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
@@ -260,8 +253,7 @@ class Reconciler:
             await self._ask("parked", rec)  # it parked before the wake was seen: place it again
             return 0.0
         if state.status == "MISSING":  # removed behind our back: build it again
-            await off_loop(self.cluster.run_model_app, rec.model_id, rec.plan, rec.spec.max_queued_requests,
-                           rec.placed_at, timeout=SERVE_TIMEOUT_S)
+            await self._build(rec)
             return POLL_S
         deployments = [names.engine_deployment(i) for i in watched] + [names.ROUTER_DEPLOYMENT]
         if all(state.deployments.get(d) == HEALTHY for d in deployments):
@@ -294,7 +286,7 @@ class Reconciler:
         if name == "wake_failed":
             await self._park_app(rec)  # nothing of the failed start stays
         elif name == "scale_failed":
-            await self._run_without(rec, rec.healing_replicas)
+            await self._build(rec, leave_out=rec.healing_replicas)
         await self._ask(name, rec, version=rec.version, reason=reason)
 
     async def _engine_infos(self, rec: ModelRecord, indices: list[int]) -> dict[str, dict | None]:
