@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from hive_apps import metrics, names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
-from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
+from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, gone_message
 from hive_apps.routing.media import remote_media_problem
@@ -54,7 +54,7 @@ class Gateway:
         """Models a client may name: serving ones, and sleeping ones (a request wakes them)."""
         if not self._seen.is_set():
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
-        return {k: r for k, r in self._records.items() if r.status in SERVING or r.status in DORMANT}
+        return {k: r for k, r in self._records.items() if r.status in LISTED}
 
     async def __call__(self, request: Request) -> Response:
         response = await self._answer(request)

@@ -71,6 +71,7 @@ class ModelStatus(str, Enum):
 SERVING = (ModelStatus.READY, ModelStatus.DEGRADED, ModelStatus.HEALING, ModelStatus.SCALING)
 STARTING = (ModelStatus.DEPLOYING, ModelStatus.HEALING, ModelStatus.WAKING, ModelStatus.SCALING)
 DORMANT = (ModelStatus.SLEEPING, ModelStatus.WAKING)  # requests are held until it serves
+LISTED = (*SERVING, *DORMANT)  # on GET /v1/models: a request is served now or wakes it
 ENDED = (ModelStatus.FAILED, ModelStatus.DESTROYED)  # a new deploy may take the id
 HOLDING = (ModelStatus.DEPLOYING, *SERVING, *DORMANT)  # statuses whose replicas hold reservations while resident
 

@@ -22,7 +22,7 @@ from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.media import remote_media_problem
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, respond_for, too_large
-from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
+from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold
 from hive_apps.routing.replica_set import ReplicaSet
@@ -80,7 +80,7 @@ class Router:
         path = path or "/"
         wanted = model_object_id(request.method, path)
         if wanted is not None:
-            if wanted != self.model_id or self.record is None or not (self.record.status in SERVING or self.record.status in DORMANT):
+            if wanted != self.model_id or self.record is None or self.record.status not in LISTED:
                 return openai_error(404, f"The model `{wanted}` does not exist here; this route serves `{self.model_id}`.", "model")
             return JSONResponse(model_object(self.record))
         if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
