@@ -92,8 +92,9 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
     # first, routing/media.py; vLLM reads an empty list as "any host", so it is left unset then)
     from hive_apps.settings import get_settings
 
-    if get_settings().media_hosts:
-        args.allowed_media_domains = list(get_settings().media_hosts)
+    media_hosts = get_settings().media_hosts
+    if media_hosts:
+        args.allowed_media_domains = list(media_hosts)
     args.served_model_name = [model_id]
     validate_parsed_serve_args(args)
     return args

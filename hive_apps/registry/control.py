@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 
 from hive_apps import names
 from hive_apps.planning.types import ReplicaPlan
-from hive_apps.registry.ledger import Ledger, ReservationError
+from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
 from hive_apps.planning.types import Plan
 from hive_apps.registry.records import (
+    DORMANT,
     ENDED,
     SERVING,
     STARTING,
@@ -92,6 +93,19 @@ class ModelBook:
 
     def list(self) -> list[ModelRecord]:
         return [r.model_copy(deep=True) for r in sorted(self.records.values(), key=lambda r: r.created_at)]
+
+    def device_states(self) -> list[DeviceState]:
+        """Each device as the ledger sees it, plus what parked models would need back there
+        (their last plan's reservation: ``dormant``)."""
+        states = {s.device.id: s for s in self.ledger.states()}
+        for rec in self.records.values():
+            if rec.status in DORMANT and not rec.resident:
+                for rp in rec.plan.replicas:
+                    for dev in rp.devices:
+                        if dev in states:
+                            states[dev].dormant_bytes += rp.reservation_bytes
+                            states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
+        return list(states.values())
 
     # --- helpers ----------------------------------------------------------------------------
     def _current(self, model_id: str, name: str, version: int | None, allowed: tuple[ModelStatus, ...]) -> ModelRecord:

@@ -23,8 +23,8 @@ from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
-from hive_apps import metrics, names
-from hive_apps.registry.records import DORMANT, ModelRecord, Reservation
+from hive_apps import metrics
+from hive_apps.registry.records import ModelRecord, Reservation
 from hive_apps.registry.samples import sample_problems
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import HiveSettings, get_settings
@@ -197,15 +197,7 @@ class Registry:
     async def device_states(self) -> list[DeviceState]:
         """Each device: what is resident (reserved), and what sleeping models would need back (dormant)."""
         await self._ready()
-        states = {s.device.id: s for s in self.ledger.states()}
-        for rec in self.book.records.values():
-            if rec.status in DORMANT and not rec.resident:
-                for rp in rec.plan.replicas:
-                    for dev in rp.devices:
-                        if dev in states:
-                            states[dev].dormant_bytes += rp.reservation_bytes
-                            states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
-        return list(states.values())
+        return self.book.device_states()
 
     # --- model records: read, wait, transition ---------------------------------------------
     async def get_model(self, model_id: str) -> ModelRecord | None:
