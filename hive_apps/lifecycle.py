@@ -46,6 +46,17 @@ ENGINE_START_S = 20.0
 READ_S_PER_GIB = (PUBLISHED_COLD_S - ENGINE_START_S) / PUBLISHED_RANK_GIB - 1 / H2D_GIB_PER_S_GEN4
 RATE_HALF_LIFE_S = 60.0  # how fast the request-rate estimate forgets
 
+# Sleeping in place (vLLM sleep mode), from the same figures: level 1 copies the weights to host
+# RAM to sleep (5.8-6.0 s for the 55 GiB a rank holds: the host link, a little slower device-to-
+# host) and back to wake (5.3-5.7 s), plus a fixed part that dominates small models (vLLM's
+# sleep-mode post: small models wake in ~0.1-0.4 s). Level 2 discards the weights (sleeping only
+# frees the allocator's pool) and reloads them on wake: 3-10x slower than level 1 on small models
+# (issue 9's figures), taken as the middle, 6.5x.
+SLEEP_D2H_FACTOR = 5.9 / 5.5
+WAKE_FIXED_S = 0.2
+LEVEL2_SLEEP_S = 0.2
+LEVEL2_WAKE_FACTOR = 6.5
+
 
 class Activity(BaseModel):
     """What the engines of one model say about their requests (summed over replicas)."""
@@ -88,11 +99,27 @@ def destroy_due(idle_timeout: float | None, since: float | None, in_flight: int,
     return idle_timeout is not None and since is not None and in_flight == 0 and now - since >= idle_timeout
 
 
+def _link_gib_per_s(compute_capability: tuple[int, int]) -> float:
+    return H2D_GIB_PER_S_GEN4 * (2.0 if compute_capability >= (9, 0) else 1.0 if compute_capability >= (8, 0) else 0.5)
+
+
 def cold_start_s(weight_bytes: int, tp: int = 1, compute_capability: tuple[int, int] = (8, 0)) -> float:
     """Seconds from "start the engine" to ready for a parked model: what waking it costs before
     its own wake was measured (and the sim engine's start with ``sim_cold_start``)."""
-    link = H2D_GIB_PER_S_GEN4 * (2.0 if compute_capability >= (9, 0) else 1.0 if compute_capability >= (8, 0) else 0.5)
-    return ENGINE_START_S + weight_bytes / tp / 2**30 * (READ_S_PER_GIB + 1 / link)
+    return ENGINE_START_S + weight_bytes / tp / 2**30 * (READ_S_PER_GIB + 1 / _link_gib_per_s(compute_capability))
+
+
+def sleep_s(level: int, weight_bytes: int, tp: int = 1, compute_capability: tuple[int, int] = (8, 0)) -> float:
+    """Seconds an engine takes to fall asleep at ``level`` (what the sim engine takes)."""
+    if level == 2:
+        return LEVEL2_SLEEP_S
+    return WAKE_FIXED_S + weight_bytes / tp / 2**30 / _link_gib_per_s(compute_capability) * SLEEP_D2H_FACTOR
+
+
+def wake_s(level: int, weight_bytes: int, tp: int = 1, compute_capability: tuple[int, int] = (8, 0)) -> float:
+    """Seconds an engine asleep at ``level`` takes to wake in place, before its warm-up."""
+    level1 = WAKE_FIXED_S + weight_bytes / tp / 2**30 / _link_gib_per_s(compute_capability)
+    return level1 * (LEVEL2_WAKE_FACTOR if level == 2 else 1.0)
 
 
 class Candidate(BaseModel):

@@ -33,6 +33,7 @@ from hive_apps.lifecycle import (
     sleep_due,
     update_activity,
 )
+from hive_apps.planning.deployment import PlanOutcome
 from hive_apps.planning.types import DeviceCapacity, Plan
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
 from hive_apps.settings import HiveSettings
@@ -60,6 +61,21 @@ class Room(BaseModel):
     retry_at: float | None = None  # a minimum residency ends then: try again
     error: str = ""
     status_code: int = 200
+
+
+def fits_in_place(plan: Plan, devices: list[DeviceCapacity]) -> PlanOutcome:
+    """Whether the memory of engines asleep on their devices can be booked there again."""
+    need: dict[str, int] = {}
+    for rp in plan.replicas:
+        for dev in rp.devices:
+            need[dev] = need.get(dev, 0) + rp.reservation_bytes
+    available = {d.device.id: d.available_bytes for d in devices}
+    short = [f"{dev} needs {n / 2**30:.2f} GiB, has {available.get(dev, 0) / 2**30:.2f} GiB available"
+             for dev, n in sorted(need.items()) if available.get(dev, 0) < n]
+    if short:
+        return PlanOutcome(status_code=503, error="its engines sleep in place and their devices are full: "
+                                                  + "; ".join(short))
+    return PlanOutcome(plan=plan)
 
 
 class Lifecycle(ControlPlane):
@@ -191,12 +207,15 @@ class Lifecycle(ControlPlane):
                          devices=sorted({d for rp in rec.plan.replicas for d in rp.devices}))
 
     async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int],
-                         as_asked: bool = False) -> Any:
-        """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices."""
+                         as_asked: bool = False, in_place: Plan | None = None) -> Any:
+        """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices; ``in_place``:
+        a plan whose engines sleep on their devices, which fits there or nowhere."""
         if freed:
             devices = [d.model_copy(update={
                 "available_bytes": d.available_bytes + freed.get(d.device.id, 0),
                 "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
+        if in_place is not None:
+            return fits_in_place(in_place, devices)
         return await self.planner.plan.remote(spec, devices, None, as_asked)
 
     async def _held_by(self, model_ids: list[str]) -> dict[str, int]:
@@ -207,22 +226,24 @@ class Lifecycle(ControlPlane):
                     freed[dev] = freed.get(dev, 0) + r.held_bytes
         return freed
 
-    async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False) -> Room:
+    async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False,
+                        in_place: Plan | None = None) -> Room:
         """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.
         ``waiting_since``: when its first request (or its deploy) began to wait; ``as_asked``:
-        ``spec`` is a deploy body as the user sent it (``planning/deployment.py``).
+        ``spec`` is a deploy body as the user sent it (``planning/deployment.py``); ``in_place``:
+        the plan of engines asleep on their devices (room is made there or not at all).
 
         Models already draining count as freed: their memory is on its way back, so a retry
         never evicts more than needed."""
         now = time.time()
         records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
         devices = await self.registry.capacities.remote()
-        outcome = await self._plan_with(spec, devices, {}, as_asked)
+        outcome = await self._plan_with(spec, devices, {}, as_asked, in_place)
         if outcome.plan is not None:
             return Room(plan=outcome.plan)
         draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
         base = await self._held_by(draining)
-        if base and (await self._plan_with(spec, devices, base, as_asked)).plan is not None:
+        if base and (await self._plan_with(spec, devices, base, as_asked, in_place)).plan is not None:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
@@ -233,7 +254,7 @@ class Lifecycle(ControlPlane):
             freed = {**base}
             for dev, nbytes in (await self._held_by(victims)).items():
                 freed[dev] = freed.get(dev, 0) + nbytes
-            return (await self._plan_with(spec, devices, freed, as_asked)).plan is not None
+            return (await self._plan_with(spec, devices, freed, as_asked, in_place)).plan is not None
 
         victims = await choose_victims(order, fits)
         if victims:

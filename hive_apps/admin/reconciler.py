@@ -10,9 +10,13 @@ killed at any point: a new admin replica reads the same record and takes the sam
                        an engine failed, or the deadline passed -> ``fail`` / ``heal_failed``
     degraded           replicas lost, self-healing on, not pinned -> plan replacements, ``heal``
     deleting           drain (bounded), remove the app -> ``deleted`` (or destroyed, for idleness)
-    sleeping           resident: drain (bounded), rebuild the app with its router only -> ``parked``
+    sleeping           resident: drain (bounded); engines that can sleep (vLLM sleep mode) -> ``doze``
+                       (the registry picks level 1 or 2), put them to sleep -> ``dozed``; others:
+                       rebuild the app with its router only -> ``parked``
     waking             parked: plan, making room by putting others to sleep -> ``placed``, then as
-                       deploying; no room -> ``wake_failed``
+                       deploying; asleep in place: make room on its own devices -> ``placed``, wake
+                       the engines and check their answer -> ``started`` (a failed wake in place
+                       parks it and starts it again); no room -> ``wake_failed``
     failed, destroyed  remove the app if one is left
     (no record)        remove the app if one is left
 
@@ -31,7 +35,7 @@ from hive_apps import names
 from hive_apps.admin.failures import failure_reason
 from hive_apps.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
 from hive_apps.registry.control import heal_backoff_s
-from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation, SleepMode
 from hive_apps.settings import HiveSettings
 
 if TYPE_CHECKING:
@@ -43,6 +47,7 @@ POLL_S = 0.5  # how often a starting model's Serve status is read
 ERROR_RETRY_S = 2.0
 INFO_TIMEOUT_S = 10.0
 SERVE_TIMEOUT_S = 120.0
+SLEEP_TIMEOUT_S = 300.0  # an engine's own sleep or wake (level 1 of a large model: seconds per 10 GiB)
 APPLY_GRACE_S = 3.0
 HEALTHY = "HEALTHY"
 BROKEN = ("UNHEALTHY", "DEPLOY_FAILED")
@@ -127,6 +132,8 @@ class Reconciler(ControlPlane):
             return await self._retire(rec)
         if rec.status is ModelStatus.SLEEPING:
             return await self._sleeping(rec)
+        if rec.status is ModelStatus.WAKING and rec.sleeps_in_place and rec.resident:
+            return await self._rouse(rec)
         if rec.status is ModelStatus.WAKING and not rec.resident:
             return await self._wake(rec)
         if rec.status in STARTING:
@@ -184,16 +191,58 @@ class Reconciler(ControlPlane):
                        rec.placed_at, timeout=SERVE_TIMEOUT_S)
 
     async def _sleeping(self, rec: ModelRecord) -> float | None:
-        """Drain, then park: the app keeps its router (route, held requests) and loses its engines."""
+        """Drain, then sleep in place where the engines can (``doze``, their sleep, ``dozed``), or
+        park: the app keeps its router (route, held requests) and loses its engines."""
         if not rec.resident:
-            return None  # parked: a request wakes it, the lifecycle loop may destroy it
-        await self._drain(rec)
-        now = await self.registry.get_model.remote(rec.model_id)
-        if now is None or now.status is not ModelStatus.SLEEPING:
-            return 0.0  # woken or deleted while it drained: decide again
+            return None  # asleep: a request wakes it, the lifecycle loop may destroy it
+        if rec.sleep_mode is None:
+            await self._drain(rec)
+            now = await self.registry.get_model.remote(rec.model_id)
+            if now is None or now.status is not ModelStatus.SLEEPING or now.sleep_mode is not None:
+                return 0.0  # woken, deleted or decided while it drained: decide again
+            if await self._can_sleep_in_place(now):
+                await self._ask("doze", now, version=now.version)
+                return 0.0
+        elif rec.sleeps_in_place:
+            level = 1 if rec.sleep_mode is SleepMode.LEVEL1 else 2
+            try:
+                await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
+            except Exception as e:
+                log.warning("%s: its engines did not sleep (%s); parking it instead", rec.model_id, e)
+            else:
+                await self._ask("dozed", rec, version=rec.version)
+                return None
         await self._park_app(rec)
         await self._ask("parked", rec)
         return None
+
+    def _live(self, rec: ModelRecord) -> list[int]:
+        return [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+
+    async def _can_sleep_in_place(self, rec: ModelRecord) -> bool:
+        infos = await self._engine_infos(rec, self._live(rec))
+        return bool(infos) and all(info is not None and info.get("can_sleep") for info in infos.values())
+
+    async def _each_engine(self, rec: ModelRecord, call) -> dict[str, Any]:
+        """``call(handle)`` on every live engine at once; the first failure raises."""
+        live = self._live(rec)
+        results = await asyncio.gather(*(asyncio.wait_for(call(self.cluster.engine_handle(rec.model_id, i)),
+                                                          SLEEP_TIMEOUT_S) for i in live))
+        return {names.replica_label(i): r for i, r in zip(live, results)}
+
+    async def _rouse(self, rec: ModelRecord) -> float | None:
+        """Its engines sleep in place and their memory is booked again: wake them, check that they
+        answer as before they slept, serve. One that does not is restarted (parked, then started)."""
+        try:
+            woke = await self._each_engine(rec, lambda engine: engine.wake_up.remote())
+        except Exception as e:
+            log.warning("%s: waking in place failed (%s); starting its engines again", rec.model_id, e)
+            await self._park_app(rec)
+            await self._ask("parked", rec)
+            return 0.0
+        await self._ask("started", rec, version=rec.version, wake_s={k: w["wake_s"] for k, w in woke.items()},
+                        warm_up_s={k: w["warm_up_s"] for k, w in woke.items()})
+        return 0.0
 
     async def _park_app(self, rec: ModelRecord) -> None:
         await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
@@ -207,9 +256,19 @@ class Reconciler(ControlPlane):
                             reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
             return 0.0
         # with load-driven replicas, the fewest wake first; load adds the others
+        if rec.sleeps_in_place and rec.lost_replicas:
+            log.info("%s: replicas %s were lost while it slept; starting it again", rec.model_id, sorted(rec.lost_replicas))
+            await self._park_app(rec)
+            await self._ask("parked", rec)
+            return 0.0
         bounds = rec.spec.replica_bounds
-        spec = rec.spec if bounds is None else rec.spec.model_copy(update={"replicas": bounds[0]})
-        room = await self.lifecycle.make_room(spec, rec.wake_requested_at)
+        spec = rec.spec if bounds is None or rec.sleeps_in_place else rec.spec.model_copy(update={"replicas": bounds[0]})
+        room = await self.lifecycle.make_room(spec, rec.wake_requested_at, in_place=rec.plan if rec.sleeps_in_place else None)
+        if room.plan is None and rec.sleeps_in_place and not room.waiting_for and room.retry_at is None:
+            log.info("%s: no room where its engines sleep (%s); starting it again elsewhere", rec.model_id, room.error)
+            await self._park_app(rec)
+            await self._ask("parked", rec)
+            return 0.0
         evicted = self.evicted_for.setdefault(rec.model_id, set())
         evicted.update(room.evicting)
         if room.plan is None:

@@ -48,6 +48,7 @@ def restore_node_environment() -> list[str]:
 # the kernel for AMX state (oneDNN does that on its first large matmul). Reproduced with plain
 # ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
 WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
+WARM_UP_TOKENS = 4  # greedy: its answer is the engine's fingerprint, checked again after a wake
 
 
 async def _collect(items: AsyncIterator[ResponseStart | bytes]) -> tuple[ResponseStart, bytes]:
@@ -61,7 +62,17 @@ async def _collect(items: AsyncIterator[ResponseStart | bytes]) -> tuple[Respons
 
 
 class EngineStartError(RuntimeError):
-    """The engine came up but could not answer its first request."""
+    """The engine came up (or woke) but could not answer its first request as it should."""
+
+
+def same_answer(before: Any, after: Any) -> bool:
+    """The warm-up's answer after a wake against the one before the sleep: equal greedy text, or
+    embeddings pointing the same way (a wake can bring weights back corrupted, vllm-omni #4473)."""
+    if isinstance(before, list) and isinstance(after, list) and before and len(before) == len(after):
+        dot = sum(a * b for a, b in zip(before, after))
+        norm = (sum(a * a for a in before) * sum(b * b for b in after)) ** 0.5
+        return norm > 0 and dot / norm > 0.999
+    return before == after
 
 
 class EngineBase:
@@ -71,6 +82,8 @@ class EngineBase:
     runner: str = "generate"
 
     def __init__(self) -> None:
+        self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
+        self.answer: Any = None  # the warm-up's greedy answer: a wake must give it again
         self.in_flight = 0
         self.requests_total = 0
         self.last_request_at: float | None = None
@@ -138,21 +151,62 @@ class EngineBase:
             return status, raw.decode(errors="replace")
 
     async def warm_up(self) -> float:
-        """Ready means a real request succeeded: one token, or one embedding."""
+        """Ready means a real request succeeded: a few greedy tokens, or one embedding. Its answer
+        is kept: after a wake the same request must give it again."""
         t0 = time.perf_counter()
         if self.runner == "pooling":
             status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": "ready?"})
         else:
             status, body = await self.call_json(
-                "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": 1}
+                "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": WARM_UP_TOKENS,
+                                     "temperature": 0}
             )
         if status != 200:
             raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
+        self.answer = body["data"][0]["embedding"] if self.runner == "pooling" else body["choices"][0]["text"]
         return time.perf_counter() - t0
+
+    # --- sleeping in place (vLLM sleep mode) --------------------------------------------
+    def can_sleep(self) -> bool:
+        """Whether this engine can sleep in place; otherwise the admin parks it (removes it)."""
+        return False
+
+    async def _sleep(self, level: int) -> None:
+        raise NotImplementedError
+
+    async def _wake_up(self) -> None:
+        raise NotImplementedError
+
+    async def sleep(self, level: int) -> float:
+        """Free the device memory (level 1: weights to host RAM; level 2: weights discarded).
+        The admin drained the replica first. Idempotent. Seconds it took."""
+        if not self.can_sleep():
+            raise RuntimeError("this engine has no sleep mode (vLLM on CPU, or not started with it): park it")
+        t0 = time.perf_counter()
+        if not self.sleep_level:
+            await self._sleep(level)
+            self.sleep_level = level
+        return time.perf_counter() - t0
+
+    async def wake_up(self) -> dict[str, float]:
+        """Take the device memory back, warm up, and check that the model answers as it did before
+        it slept; an engine that answers otherwise must be restarted. Idempotent."""
+        before = self.answer
+        t0 = time.perf_counter()
+        if self.sleep_level:
+            await self._wake_up()
+            self.sleep_level = 0
+        wake_s = time.perf_counter() - t0
+        warm_up_s = await self.warm_up()
+        if before is not None and not same_answer(before, self.answer):
+            raise EngineStartError(f"after waking, {self.model_id}/r{self.replica.index} answers the warm-up "
+                                   f"differently than before it slept (its weights did not come back intact)")
+        return {"wake_s": round(wake_s, 3), "warm_up_s": round(warm_up_s, 3)}
 
     def load(self) -> EngineLoad:
         raise NotImplementedError
 
     def info(self) -> dict[str, Any]:
         return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
-                "plan": getattr(self, "plan_summary", None)}
+                "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
+                "sleep_level": self.sleep_level}

@@ -12,7 +12,13 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
   GPU (``hive_apps/lifecycle.py`` ``cold_start_s``, from vLLM's published figures), so what-if
   runs of sleeping and waking models see realistic wake times;
 - ``sim_memory_factor``: the share of its reservation the engine really allocates (default 1.0),
-  which is what its simulated GPU then shows as used.
+  which is what its simulated GPU then shows as used;
+- ``sim_corrupt_wake``: after a wake from sleep, answer differently than before (as an engine
+  whose weights came back corrupted would), so the admin's check after a wake can be seen to work.
+
+On a (simulated) GPU it sleeps in place as vLLM's sleep mode does, level 1 or 2, taking the
+time ``hive_apps/lifecycle.py`` derives from vLLM's published figures for its weights
+(``sleep_s``, ``wake_s``); its memory is what the registry then books (device, host or nothing).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from hive_apps.engine.base import EngineBase
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
-from hive_apps.lifecycle import cold_start_s
+from hive_apps.lifecycle import cold_start_s, sleep_s, wake_s
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 
@@ -87,6 +93,7 @@ class SimEngine(EngineBase):
         else:
             await self._start(kw)
         self.runner = "pooling" if kw.get("runner") == "pooling" else "generate"
+        self.skew = 0  # sim_corrupt_wake: words shifted after a wake
         seqs = replica.settings.max_num_seqs
         est = replica.expected_tokens_per_s
         self.tokens_per_s = float(kw.get("sim_tokens_per_s") or (est / seqs if est else 100.0))
@@ -109,6 +116,17 @@ class SimEngine(EngineBase):
         if kw.get("sim_fail_start"):
             raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
         self.start_ended = time.time()
+
+    def can_sleep(self) -> bool:
+        return self.replica.device_kind.is_gpu
+
+    async def _sleep(self, level: int) -> None:
+        await asyncio.sleep(sleep_s(level, self.replica.memory.weights))
+
+    async def _wake_up(self) -> None:
+        await asyncio.sleep(wake_s(self.sleep_level, self.replica.memory.weights))
+        if self.replica.engine_kwargs.get("sim_corrupt_wake"):
+            self.skew += 1
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended,
@@ -136,7 +154,7 @@ class SimEngine(EngineBase):
             for i in range(max_tokens):
                 await asyncio.sleep(1.0 / self.tokens_per_s)
                 self.count_tokens(0, 1)
-                yield WORDS[(prompt_tokens + i) % len(WORDS)] + " "
+                yield WORDS[(prompt_tokens + i + self.skew) % len(WORDS)] + " "
         finally:
             self.running -= 1
             self.slots.release()
@@ -289,7 +307,7 @@ class SimEngine(EngineBase):
                 return openai_error(400, "'input' must be a string or a non-empty list", param="input")
             data = []
             for i, text in enumerate(inputs):
-                vec = fake_embedding(str(text))
+                vec = fake_embedding(str(text) + "~" * engine.skew)
                 if body.get("encoding_format") == "base64":
                     emb: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
                 else:

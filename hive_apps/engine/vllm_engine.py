@@ -148,6 +148,26 @@ class VLLMEngine(EngineBase):
             updated_at=self.tracker.updated_at,
         )
 
+    # --- vLLM's sleep mode (CUDA; the planner starts the engine with enable_sleep_mode) ------
+    def can_sleep(self) -> bool:
+        from vllm.platforms import current_platform
+
+        return bool(self.engine.vllm_config.model_config.enable_sleep_mode) and current_platform.is_sleep_mode_available()
+
+    async def _sleep(self, level: int) -> None:
+        # drained by the admin; "wait" still lets a straggler finish (sleeping under a running
+        # request crashes the engine: vllm #31618)
+        await self.engine.reset_prefix_cache()
+        await self.engine.sleep(level, mode="wait")
+
+    async def _wake_up(self) -> None:
+        if self.sleep_level == 2:  # the weights were discarded: load them again, as vLLM's own snapshot restore does
+            await self.engine.wake_up(tags=["weights"])
+            await self.engine.collective_rpc("reload_weights")
+            await self.engine.wake_up(tags=["kv_cache"])
+        else:
+            await self.engine.wake_up()
+
     def check_health(self) -> None:
         super().check_health()
         if self.engine.errored:

@@ -466,6 +466,8 @@ class _Sizer:
             engine_kwargs["limit_mm_per_prompt"] = dict(self.mm_limits)
         if tp > 1 and not on_cpu:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
+        if self.spec.can_sleep and self.spec.engine is EngineKind.VLLM and devs[0].device.kind is DeviceKind.GPU:
+            engine_kwargs["enable_sleep_mode"] = True  # it sleeps in place (level 1 or 2) instead of parking
         notes = list(placement.notes)
         if self.seq_target is not None and choice.seqs < self.seq_target:
             notes.append(f"max_concurrency={self.demand} asks {self.seq_target} sequences of this replica; "

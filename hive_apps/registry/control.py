@@ -18,9 +18,11 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     delete        any                           deleting                admin: DELETE /models/{id}
     deleted       deleting                      (removed) | destroyed   admin: the app is gone
     sleep         ready | degraded              sleeping                admin: idle past sleep_timeout, or evicted
-    parked        sleeping | waking (resident)  (same), not resident    admin: engines drained and removed
+    doze          sleeping (resident)           (same), level 1 or 2    admin: drained; its engines can sleep
+    dozed         sleeping (level, resident)    (same), not resident    admin: its engines slept
+    parked        sleeping | waking             (same), parked          admin: engines drained and removed
     wake          sleeping                      waking                  gateway, router: a request came
-    placed        waking (not resident)         waking, resident        admin: planned and room made
+    placed        waking (not resident)         waking, resident        admin: planned (or room made in place)
     wake_failed   waking                        sleeping                admin: no room, or the engine failed
     destroy       ready | degraded | sleeping   deleting (destroying)   admin: idle past idle_timeout
     scale_up      ready                         scaling                 admin: every replica busy for a window
@@ -132,6 +134,13 @@ class ModelBook:
     def _keys(self, model_id: str, indices) -> list[str]:
         return [names.replica_key(model_id, i) for i in indices]
 
+    def _release_host(self, model_id: str) -> list[str]:
+        """Free what a level-1 sleeper held in host RAM."""
+        return self._release([r.key for r in self.ledger.of_model(model_id) if r.host])
+
+    def _release_devices(self, model_id: str) -> list[str]:
+        return self._release([r.key for r in self.ledger.of_model(model_id) if not r.host])
+
     # --- transitions the admin asks for -------------------------------------------------------
     def create(self, record: ModelRecord, reservations: list[Reservation], now: float) -> Change:
         """A new deploy: the id must be free (or hold a failed deploy) and every replica must fit."""
@@ -156,8 +165,9 @@ class ModelBook:
         return self._commit(rec)
 
     def started(self, model_id: str, version: int, now: float, engine_start_s: dict[str, float] | None = None,
-                warm_up_s: dict[str, float] | None = None) -> Change:
-        """Every replica that should run is up: reservations become active."""
+                warm_up_s: dict[str, float] | None = None, wake_s: dict[str, float] | None = None) -> Change:
+        """Every replica that should run is up: reservations become active (``wake_s``: an engine
+        that slept woke in place, and its host RAM is released)."""
         rec = self._current(model_id, "started", version, STARTING)
         if rec.applied_generation != rec.plan_generation:
             raise TransitionError("started: the app was not built from the current plan yet")
@@ -166,16 +176,17 @@ class ModelBook:
         if rec.status is ModelStatus.DEPLOYING:
             rec.ready_at = now
         elif rec.status is ModelStatus.WAKING:
-            self._woke(rec, engine_start_s or {}, warm_up_s or {}, now)
+            self._woke(rec, wake_s or engine_start_s or {}, warm_up_s or {}, now)
         else:
             rec.heal_attempts, rec.next_heal_at = 0, 0.0
+        forgotten = self._release_host(model_id)
         self.ledger.activate(model_id)
         rec.engine_start_s = {**rec.engine_start_s, **(engine_start_s or {})}
         rec.warm_up_s = {**rec.warm_up_s, **(warm_up_s or {})}
         rec.healing_replicas = []
         rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.message = rec.message if rec.lost_replicas else ""
-        return self._commit(rec, saved=self.ledger.of_model(model_id))
+        return self._commit(rec, saved=self.ledger.of_model(model_id), forgotten=forgotten)
 
     @staticmethod
     def _woke(rec: ModelRecord, engine_start_s: dict[str, float], warm_up_s: dict[str, float], now: float) -> None:
@@ -263,24 +274,58 @@ class ModelBook:
 
     # --- lifecycle (``hive_apps/lifecycle.py`` decides; these record) --------------------------
     def sleep(self, model_id: str, version: int, reason: str, now: float, last_request_at: float | None = None) -> Change:
-        """Start putting a serving model to sleep: routers hold new requests from now on."""
+        """Start putting a serving model to sleep: routers hold new requests from now on. How it
+        sleeps is decided once it drained (``doze``: in place, level 1 or 2; else ``parked``)."""
         rec = self._current(model_id, "sleep", version, (ModelStatus.READY, ModelStatus.DEGRADED))
         if not rec.spec.can_sleep:
             raise TransitionError(f"sleep: {model_id!r} has no sleep_timeout", 422)
-        rec.status, rec.sleep_mode, rec.slept_at, rec.sleep_reason = ModelStatus.SLEEPING, SleepMode.PARKED, now, reason
+        rec.status, rec.sleep_mode, rec.slept_at, rec.sleep_reason = ModelStatus.SLEEPING, None, now, reason
         rec.last_request_at = last_request_at if last_request_at is not None else rec.last_request_at
-        rec.wake_failed_at, rec.message = None, f"going to sleep ({reason}): draining, then parking"
+        rec.wake_failed_at, rec.message = None, f"going to sleep ({reason}): draining"
         return self._commit(rec)
 
+    def doze(self, model_id: str, version: int) -> Change:
+        """Its drained engines can sleep in place (vLLM sleep mode): level 1 when the host RAM of
+        every replica's node can hold its weights (reserved there now, before they move), else
+        level 2 (weights discarded, nothing held). Its device memory stays reserved until ``dozed``."""
+        rec = self._current(model_id, "doze", version, (ModelStatus.SLEEPING,))
+        if not rec.resident or rec.sleep_mode is not None:
+            raise TransitionError(f"doze: {model_id!r} is not a drained, resident model deciding how to sleep")
+        live = [rp for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        host = [Reservation.on_host(model_id, rp) for rp in live]
+        try:
+            self.ledger.reserve(host)
+            rec.sleep_mode = SleepMode.LEVEL1
+            nodes = sorted({rp.node_name for rp in live})
+            rec.message = f"going to sleep at level 1: weights to the host RAM of {', '.join(nodes)}"
+        except ReservationError as e:
+            host, rec.sleep_mode = [], SleepMode.LEVEL2
+            rec.message = f"going to sleep at level 2 (weights discarded): {e.message}"
+        return self._commit(rec, saved=host)
+
+    def dozed(self, model_id: str, version: int, now: float) -> Change:
+        """Its engines sleep: their device memory is free (the weights of level 1 are in host RAM)."""
+        rec = self._current(model_id, "dozed", version, (ModelStatus.SLEEPING,))
+        if not rec.resident or rec.sleep_mode is None or not rec.sleep_mode.keeps_engine:
+            raise TransitionError(f"dozed: {model_id!r} is not dozing")
+        forgotten = self._release_devices(model_id)
+        rec.resident, rec.drift = False, {}
+        rec.message = (f"sleeping ({rec.sleep_mode.value} since {now:.0f}): {rec.sleep_reason}; "
+                       "the next request wakes it in place")
+        return self._commit(rec, forgotten=forgotten)
+
     def parked(self, model_id: str, now: float) -> Change:
-        """Its engines are gone: release what they held. Idempotent."""
+        """Its engines are gone: release what they held, host RAM included. Idempotent."""
         rec = self._current(model_id, "parked", None, (ModelStatus.SLEEPING, ModelStatus.WAKING))
-        if not rec.resident:
+        if not rec.resident and rec.sleep_mode is SleepMode.PARKED:
             return Change(model_id, rec)
         forgotten = [r.key for r in self.ledger.release(model_id)]
         rec.resident, rec.lost_replicas, rec.healing_replicas, rec.drift = False, {}, [], {}
+        rec.sleep_mode, rec.wake_placed = SleepMode.PARKED, False
         if rec.status is ModelStatus.SLEEPING:
             rec.message = f"sleeping (parked since {now:.0f}): {rec.sleep_reason}; the next request wakes it"
+        else:
+            rec.message = "waking: starting its engines again (parked)"
         return self._commit(rec, forgotten=forgotten)
 
     def wake(self, model_id: str, now: float) -> Change:
@@ -295,31 +340,40 @@ class ModelBook:
         rec = rec.model_copy(deep=True)
         rec.status, rec.wake_requested_at, rec.starting_since = ModelStatus.WAKING, now, now
         rec.wake_evicted, rec.wake_placement_s, rec.wake_failed_at, rec.wake_placed = [], 0.0, None, False
-        rec.message = "waking: placing its replicas" if not rec.resident else "waking: it had not parked yet"
+        rec.message = ("waking: it had not gone to sleep yet" if rec.resident else
+                       "waking: placing its replicas" if rec.sleep_mode is SleepMode.PARKED else
+                       "waking: taking its memory back in place")
         return self._commit(rec)
 
     def placed(self, model_id: str, version: int, plan: Plan, reservations: list[Reservation],
                placement_s: float, evicted: list[str], now: float) -> Change:
-        """A parked model that wakes has a new plan and holds its memory again."""
+        """A model that wakes holds its memory again: where it was planned now (parked), or on the
+        devices its sleeping engines are on (level 1 or 2: the same plan)."""
         rec = self._current(model_id, "placed", version, (ModelStatus.WAKING,))
         if rec.resident:
             raise TransitionError(f"placed: {model_id!r} still holds its memory (not parked)")
+        in_place = rec.sleep_mode is not None and rec.sleep_mode.keeps_engine
+        if in_place and [rp.devices for rp in plan.replicas] != [rp.devices for rp in rec.plan.replicas]:
+            raise TransitionError(f"placed: {model_id!r} sleeps in place; it wakes only on its own devices")
         try:
             self.ledger.reserve(reservations)
         except ReservationError as e:
             raise TransitionError(e.message, e.status_code) from None
-        rec.plan, rec.plan_generation = plan, rec.plan_generation + 1
-        rec.placed_at = {rp.index: rec.plan_generation for rp in plan.replicas}
+        if not in_place:
+            rec.plan, rec.plan_generation = plan, rec.plan_generation + 1
+            rec.placed_at = {rp.index: rec.plan_generation for rp in plan.replicas}
         rec.resident, rec.wake_placed, rec.starting_since = True, True, now
         rec.wake_placement_s, rec.wake_evicted = placement_s, list(evicted)
-        rec.message = "waking: starting " + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}"
-                                                     for rp in plan.replicas)
+        rec.message = ("waking: " + ("waking its engines on " if in_place else "starting ")
+                       + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}" for rp in plan.replicas))
         return self._commit(rec, saved=[r.model_copy() for r in reservations])
 
     def wake_failed(self, model_id: str, version: int, reason: str, now: float) -> Change:
-        """No room, or its engine did not start: back to sleep, holding nothing; held requests get 503."""
+        """No room, or its engine did not start: back to sleep; held requests get 503. An engine
+        asleep in place keeps sleeping (and its weights in host RAM); a parked one holds nothing."""
         rec = self._current(model_id, "wake_failed", version, (ModelStatus.WAKING,))
-        forgotten = [r.key for r in self.ledger.release(model_id)]
+        in_place = rec.sleep_mode is not None and rec.sleep_mode.keeps_engine
+        forgotten = self._release_devices(model_id) if in_place else [r.key for r in self.ledger.release(model_id)]
         rec.status, rec.resident, rec.wake_failed_at, rec.wake_placed = ModelStatus.SLEEPING, False, now, False
         rec.sleep_mode = rec.sleep_mode or SleepMode.PARKED
         rec.message = f"sleeping; the last wake failed: {reason}"
@@ -445,5 +499,11 @@ class ModelBook:
                 if (rec.status in SERVING or rec.status is ModelStatus.SLEEPING) and rp.index not in rec.healing_replicas:
                     r.state = ReservationState.ACTIVE
                 self.ledger.reservations[r.key] = r
+        for rec in self.records.values():  # level-1 sleepers' weights in host RAM
+            if rec.status in DORMANT and rec.sleep_mode is SleepMode.LEVEL1:
+                for rp in rec.plan.replicas:
+                    if names.replica_label(rp.index) not in rec.lost_replicas:
+                        r = Reservation.on_host(rec.model_id, rp)
+                        self.ledger.reservations[r.key] = r
         self.version += 1
         return list(self.ledger.reservations.values())

@@ -60,9 +60,10 @@ class StartLockState(BaseModel):
 
 # transitions the registry's callers may ask for, and the ModelBook method of each
 ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted",
-         "sleep", "parked", "wake", "placed", "wake_failed", "destroy", "scale_up", "scale_failed", "retire", "retired"}
-NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "parked", "wake", "placed", "wake_failed",
-       "scale_up"}
+         "sleep", "doze", "dozed", "parked", "wake", "placed", "wake_failed", "destroy", "scale_up", "scale_failed",
+         "retire", "retired"}
+NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "dozed", "parked", "wake", "placed",
+       "wake_failed", "scale_up"}
 
 
 class Registry:
@@ -130,6 +131,7 @@ class Registry:
             sample = self._prefer_agent(node_id, sample)
             self.nodes[node_id] = sample
             self.ledger.update_node(node_id, sample.devices)
+            self.ledger.update_host(sample)
         for node_id in [n for n in self.nodes if n not in alive]:
             del self.nodes[node_id]
         self.ledger.drop_nodes_except(alive)

@@ -57,5 +57,10 @@ class NodeSample(BaseModel):
     error: str | None = None  # e.g. NVML failed on a node that has GPUs (see registry/monitor.py)
 
 
+def host_id(node_name: str) -> str:
+    """A node's host RAM as the ledger books it for level-1 sleepers (not a device: nothing is placed there)."""
+    return f"{node_name}:host"
+
+
 def device_id(node_name: str, kind: DeviceKind, index: int | None) -> str:
     return f"{node_name}:cpu" if kind is DeviceKind.CPU else f"{node_name}:gpu{index}"

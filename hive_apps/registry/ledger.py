@@ -11,6 +11,9 @@ reservations. ``available`` is what the planner may still use on a device:
 Reservations count in full from the moment they are made (pending while the engine starts),
 so two deploys racing for one device cannot both fit: ``reserve`` checks and books every
 device of a plan in one step.
+
+A node's host RAM (``<node>:host``) is booked the same way for the weights of replicas asleep
+at level 1: available = budget - max(used, held by the hive there).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hive_apps.planning.types import DeviceCapacity
-from hive_apps.registry.devices import Device, DeviceKind, NodeSample
+from hive_apps.registry.devices import Device, DeviceKind, NodeSample, host_id
 from hive_apps.registry.records import Reservation, ReservationState
 
 DRIFT_THRESHOLD = 0.05
@@ -66,6 +69,7 @@ class Ledger:
         self.budget_fraction = budget_fraction
         self.devices: dict[str, Device] = {}
         self.reservations: dict[str, Reservation] = {}
+        self.hosts: dict[str, tuple[str, int, int]] = {}  # host id -> (node id, total, used bytes of its RAM)
 
     # --- inventory -------------------------------------------------------------------
     def update_node(self, node_id: str, devices: list[Device]) -> None:
@@ -75,9 +79,20 @@ class Ledger:
         for dev in devices:
             self.devices[dev.id] = dev
 
+    def update_host(self, sample: NodeSample) -> None:
+        self.hosts[host_id(sample.node_name)] = (sample.node_id, sample.host_total_bytes, sample.host_used_bytes)
+
     def drop_nodes_except(self, alive_node_ids: set[str]) -> None:
         for dev_id in [d for d, dev in self.devices.items() if dev.node_id not in alive_node_ids]:
             del self.devices[dev_id]
+        self.hosts = {h: v for h, v in self.hosts.items() if v[0] in alive_node_ids}
+
+    def host_available(self, host: str) -> int:
+        """What level-1 sleepers may still put in this node's host RAM."""
+        if host not in self.hosts:
+            return 0
+        _, total, used = self.hosts[host]
+        return max(0, int(self.budget_fraction * total) - max(used, self.reserved_on(host)))
 
     # --- accounting ------------------------------------------------------------------
     def reserved_on(self, dev_id: str) -> int:
@@ -118,7 +133,8 @@ class Ledger:
         return NodeState(
             node_id=sample.node_id, node_name=sample.node_name, source=sample.source, cpu_count=sample.cpu_count,
             host_total_bytes=sample.host_total_bytes, host_used_bytes=sample.host_used_bytes,
-            host_reserved_bytes=sum(self.reserved_on(d) for d in cpu), devices=[d.id for d in sample.devices],
+            host_reserved_bytes=sum(self.reserved_on(d) for d in [*cpu, host_id(sample.node_name)]),
+            devices=[d.id for d in sample.devices],
             error=sample.error,
         )
 
@@ -143,6 +159,12 @@ class Ledger:
             for dev_id in r.devices:
                 need[dev_id] = need.get(dev_id, 0) + r.bytes_per_device
         for dev_id, nbytes in need.items():
+            if dev_id in self.hosts:
+                available = self.host_available(dev_id)
+                if nbytes > available:
+                    raise ReservationError(f"host RAM {dev_id} has {available / 2**30:.2f} GiB available but "
+                                           f"{nbytes / 2**30:.2f} GiB are needed")
+                continue
             dev = self.devices.get(dev_id)
             if dev is None:
                 raise ReservationError(f"device {dev_id} is not in the registry (node gone?); plan again", 409)

@@ -10,9 +10,11 @@ from pydantic import BaseModel, Field
 
 from hive_apps import names
 from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.registry.devices import host_id
 from hive_apps.spec import ModelSpec
 
 SCHEMA_VERSION = 1  # of the stored records below; a record of another version is quarantined
+HOST_SUFFIX = "@host"  # a host-RAM reservation's key: ``<model_id>/r<i>@host``
 
 
 class ReservationState(str, Enum):
@@ -33,6 +35,7 @@ class Reservation(BaseModel):
     state: ReservationState = ReservationState.PENDING
     created_at: float = Field(default_factory=time.time)
     measured_bytes: int | None = None  # what the running engine really uses per device
+    host: bool = False  # host RAM of the node (``devices`` = [``<node>:host``]): weights of a level-1 sleeper
 
     @property
     def held_bytes(self) -> int:
@@ -50,9 +53,15 @@ class Reservation(BaseModel):
         return cls(model_id=model_id, replica=rp.index, devices=rp.devices, node_id=rp.node_id,
                    bytes_per_device=rp.reservation_bytes, measured_bytes=measured_bytes)
 
+    @classmethod
+    def on_host(cls, model_id: str, rp: ReplicaPlan) -> "Reservation":
+        """Host RAM for the weights of a replica asleep at level 1 (every rank's, on its node)."""
+        return cls(model_id=model_id, replica=rp.index, devices=[host_id(rp.node_name)], node_id=rp.node_id,
+                   bytes_per_device=rp.memory.weights * len(rp.devices), host=True, state=ReservationState.ACTIVE)
+
     @property
     def key(self) -> str:
-        return names.replica_key(self.model_id, self.replica)
+        return names.replica_key(self.model_id, self.replica) + (HOST_SUFFIX if self.host else "")
 
 
 class ModelStatus(str, Enum):
@@ -77,7 +86,14 @@ HOLDING = (ModelStatus.DEPLOYING, *SERVING, *DORMANT)  # statuses whose replicas
 
 
 class SleepMode(str, Enum):
+    LEVEL1 = "level1"  # vLLM sleep level 1: weights copied to the node's host RAM (reserved there), KV freed
+    LEVEL2 = "level2"  # vLLM sleep level 2: weights and KV discarded; a wake reloads the weights
     PARKED = "parked"  # engine deployment removed, reservation released (vLLM sleep mode not available)
+
+    @property
+    def keeps_engine(self) -> bool:
+        """The engine process stays (and its devices with it): it wakes in place."""
+        return self is not SleepMode.PARKED
 
 
 class WakeReport(BaseModel):
@@ -87,7 +103,7 @@ class WakeReport(BaseModel):
     requested_at: float
     ready_at: float
     placement_s: float  # planning, making room and reserving
-    engine_start_s: float | None = None  # the slowest replica's own engine start
+    engine_start_s: float | None = None  # the slowest replica's engine start (parked) or vLLM wake_up (level 1/2)
     warm_up_s: float | None = None  # its one-token warm-up
     total_s: float  # from the first held request to serving
     evicted: list[str] = Field(default_factory=list)  # models put to sleep to make room
@@ -137,6 +153,11 @@ class ModelRecord(BaseModel):
     @property
     def resident_since(self) -> float:
         return self.woke_at or self.ready_at or self.created_at
+
+    @property
+    def sleeps_in_place(self) -> bool:
+        """Its engines stay on their devices while it sleeps (vLLM sleep level 1 or 2)."""
+        return self.sleep_mode is not None and self.sleep_mode.keeps_engine
 
     @property
     def holds_memory(self) -> bool:

@@ -68,14 +68,39 @@ class FakeApp:
 
 
 class FakeEngine:
-    def __init__(self, devices: list[str], start_s: float, load: Callable[[], EngineLoad]):
-        self.devices, self.start_s, self._load = devices, start_s, load
+    """An engine replica as the admin sees it; with ``sleep`` set (the cluster's per-model
+    state, so it outlives handles) it sleeps in place like vLLM's sleep mode."""
+
+    def __init__(self, devices: list[str], start_s: float, load: Callable[[], EngineLoad],
+                 sleep: "FakeSleep | None" = None):
+        self.devices, self.start_s, self._load, self._sleep = devices, start_s, load, sleep
 
     def info(self) -> dict:
-        return {"devices": self.devices, "engine_start_s": self.start_s, "warm_up_s": 0.25}
+        return {"devices": self.devices, "engine_start_s": self.start_s, "warm_up_s": 0.25,
+                "can_sleep": self._sleep is not None}
+
+    def sleep(self, level: int) -> float:
+        self._sleep.calls.append(f"sleep{level}")
+        self._sleep.level = self._sleep.level or level
+        return 0.1
+
+    def wake_up(self) -> dict:
+        self._sleep.calls.append(f"wake{self._sleep.level}")
+        if self._sleep.corrupt:
+            raise RuntimeError("after waking, it answers the warm-up differently than before it slept")
+        wake_s = {0: 0.0, 1: 0.5, 2: 3.0}[self._sleep.level]
+        self._sleep.level = 0
+        return {"wake_s": wake_s, "warm_up_s": 0.05}
 
     def load(self) -> EngineLoad:
         return self._load()
+
+
+@dataclass
+class FakeSleep:
+    level: int = 0
+    corrupt: bool = False  # its wake brings the weights back wrong
+    calls: list[str] = field(default_factory=list)
 
 
 class FakeCluster:
@@ -91,6 +116,8 @@ class FakeCluster:
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
         self.deleted: list[str] = []
         self.loads: dict[str, EngineLoad] = {}  # model id -> what each of its engines reports
+        self.sleepy: dict[tuple[str, int], FakeSleep] = {}  # engines that can sleep in place
+        self.host_used_bytes = 8 * 2**30
 
     # --- test controls ---------------------------------------------------------------------
     def add_node(self, name: str, gpus: str, node_id: str | None = None) -> str:
@@ -139,7 +166,8 @@ class FakeCluster:
 
     def engine_handle(self, model_id: str, index: int) -> Any:
         rp = next(rp for rp in self.apps[model_id].plan.replicas if rp.index == index)
-        return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index, load=lambda: self.loads.get(model_id, EngineLoad())))
+        return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index, load=lambda: self.loads.get(model_id, EngineLoad()),
+                                      sleep=self.sleepy.get((model_id, index))))
 
     # --- nodes --------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:
@@ -152,7 +180,7 @@ class FakeCluster:
                 continue
             name = n.labels[NODE_NAME_LABEL]
             out[n.node_id] = NodeSample(node_id=n.node_id, node_name=name, host_total_bytes=64 * 2**30,
-                                        host_used_bytes=8 * 2**30, cpu_count=8,
+                                        host_used_bytes=self.host_used_bytes, cpu_count=8,
                                         devices=simulated_gpus(n.node_id, name, self.gpus[n.node_id]))
         return out
 

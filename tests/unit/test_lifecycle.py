@@ -18,7 +18,7 @@ from hive_apps.lifecycle import Candidate, choose_victims, eviction_order, idle_
 from hive_apps.registry.records import ModelStatus, SleepMode
 from hive_apps.routing.hold import HoldRefused, WakeHold
 from hive_apps.settings import HiveSettings
-from tests.unit.fake_cluster import FakeCluster
+from tests.unit.fake_cluster import FakeCluster, FakeSleep
 from tests.unit.test_controller import Hive
 
 BIG = {"vllm_kwargs": {"kv_cache_memory_bytes": 14 * 2**30}}  # one such model fills an L4 (24 GB)
@@ -126,6 +126,98 @@ async def test_idle_model_parks_keeps_route_and_plan_and_wakes_on_request(life):
     assert rec.last_wake is not None and rec.last_wake.how is SleepMode.PARKED
     assert rec.last_wake.engine_start_s == 1.5 and rec.last_wake.warm_up_s == 0.25
     assert rec.last_wake.placement_s >= 0 and rec.woke_at is not None and rec.sleep_mode is None
+
+
+# --- sleeping in place (vLLM sleep mode: level 1 or 2) ----------------------------------------
+async def sleepy(hive: Hive, model_id: str, **spec):
+    """A ready model whose engine can sleep in place, put to sleep by its timeout."""
+    hive.cluster.sleepy[(model_id, 0)] = FakeSleep()
+    rec = await ready(hive, model_id, sleep_timeout=5, **spec)
+    idle_for(hive, model_id, 6)
+    assert model_id in await hive.lifecycle.tick(await hive.registry.list_models())
+    return rec, await hive.settle(model_id)
+
+
+async def test_an_engine_that_can_sleep_sleeps_in_place_at_level_1_with_its_weights_in_host_ram(life):
+    before, rec = await sleepy(life, "m")
+    assert rec.status is ModelStatus.SLEEPING and rec.sleep_mode is SleepMode.LEVEL1 and not rec.resident
+    assert life.cluster.sleepy[("m", 0)].calls == ["sleep1"]
+    assert life.cluster.apps["m"].builds == 1 and life.cluster.apps["m"].plan.replicas  # the engine stays
+    held = life.reserved("m")
+    assert set(held) == {"m/r0@host"}  # nothing on the GPU, the weights in the node's RAM
+    assert held["m/r0@host"].bytes_per_device == before.plan.replicas[0].memory.weights
+    gpu = (await life.registry.device_states())[0]
+    assert gpu.reserved_bytes == 0 and gpu.dormant == ["m/r0"]
+    node = (await life.registry.node_states())[0]
+    assert node.host_reserved_bytes == before.plan.replicas[0].memory.weights
+
+    await life.registry.transition("wake", "m")
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.resident and set(life.reserved("m")) == {"m/r0"}
+    assert life.cluster.sleepy[("m", 0)].calls == ["sleep1", "wake1"] and life.cluster.apps["m"].builds == 1
+    assert rec.last_wake.how is SleepMode.LEVEL1 and rec.last_wake.engine_start_s == 0.5
+    assert rec.last_wake.warm_up_s == 0.05 and rec.plan == before.plan and rec.sleep_mode is None
+    assert rec.engine_start_s == before.engine_start_s  # the engine's own start is still its first one
+
+
+async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_nothing(life):
+    life.cluster.host_used_bytes = 60 * 2**30  # of 64: past the 0.90 budget already
+    await life.sample()
+    _, rec = await sleepy(life, "m")
+    assert rec.sleep_mode is SleepMode.LEVEL2 and life.reserved("m") == {}
+    assert "level 2" in (await life.registry.get_model("m")).message or rec.message
+    await life.registry.transition("wake", "m")
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL2
+    assert life.cluster.sleepy[("m", 0)].calls == ["sleep2", "wake2"] and rec.last_wake.engine_start_s == 3.0
+
+
+async def test_a_wake_that_brings_back_a_different_answer_restarts_the_engine(life):
+    await sleepy(life, "m")
+    life.cluster.sleepy[("m", 0)].corrupt = True
+    await life.registry.transition("wake", "m")
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED  # started again
+    assert life.cluster.apps["m"].builds == 3  # parked (router only), then built again
+    assert set(life.reserved("m")) == {"m/r0"}  # no host RAM left behind
+
+
+async def test_a_model_asleep_in_place_takes_its_devices_back_by_evicting_a_newcomer(life):
+    await sleepy(life, "m", **BIG)
+    await ready(life, "other", sleep_timeout=600, **BIG)  # took the card while m slept
+    await life.registry.transition("wake", "m")
+    await life.settle("m")  # waits for other to park (the reconciler runs other's loop meanwhile)
+    other = await life.settle("other")
+    assert other.status is ModelStatus.SLEEPING and not other.resident and "make room for m" in other.sleep_reason
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL1
+    assert rec.last_wake.evicted == ["other"] and life.cluster.apps["m"].builds == 1
+
+
+async def test_a_model_asleep_where_nothing_can_make_room_starts_again_on_another_gpu():
+    h = Hive(FakeCluster({"node-a": "L4.L4"}))
+    h.lifecycle = Lifecycle(h.cluster, LIFE)
+    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
+    await h.start_registry()
+    await h.sample()
+    try:
+        before, _ = await sleepy(h, "m", **BIG)  # (on gpu0, the first of two equal cards)
+        await ready(h, "pinned", gpu="node-a:gpu0", **BIG)  # no sleep_timeout: never evicted
+        await h.registry.transition("wake", "m")
+        rec = await h.settle("m")
+        assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED
+        assert before.plan.replicas[0].devices == ["node-a:gpu0"] and rec.plan.replicas[0].devices == ["node-a:gpu1"]
+        assert set(h.reserved("m")) == {"m/r0"}
+    finally:
+        set_cluster(None)
+
+
+async def test_a_restarted_registry_keeps_the_host_ram_of_a_level_1_sleeper(life):
+    before, _ = await sleepy(life, "m")
+    await life.start_registry()  # a new registry replica reads the records back
+    await life.sample()
+    assert set(life.reserved("m")) == {"m/r0@host"}
+    assert (await life.registry.node_states())[0].host_reserved_bytes == before.plan.replicas[0].memory.weights
 
 
 async def test_a_model_with_requests_in_flight_never_sleeps(life):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hive_apps import metrics
+from hive_apps.engine.base import WARM_UP_TOKENS
 from hive_apps.engine.protocol import ForwardedRequest
 from hive_apps.registry.ledger import Ledger
 from hive_apps.registry.records import ReservationState
@@ -180,7 +181,7 @@ async def test_engines_count_their_tokens_in_and_out(recorded):
     e.load()  # a load poll sends what was counted since the last send
     usage = body["usage"]
     assert recorded.total("hive_tokens", model="sim-model", replica="r0", direction="out") \
-        == usage["completion_tokens"] + 1  # and the one token of the warm-up
+        == usage["completion_tokens"] + WARM_UP_TOKENS  # and the tokens of the warm-up
     assert recorded.total("hive_tokens", direction="in") > usage["prompt_tokens"] > 0
     await e.http.stop()
 

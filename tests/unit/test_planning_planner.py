@@ -288,3 +288,12 @@ def test_report_lists_replicas_and_rejections():
     assert "a:gpu0" in text and "kv_cache_memory_bytes" in text and "GiB" in text
     assert "rejected devices" in text and "b:gpu0" in text and "short by" in text
     assert math.isfinite(p.replicas[0].expected_tokens_per_s)
+
+
+def test_a_model_that_can_sleep_starts_with_vllm_sleep_mode_on_real_gpus_only():
+    """Sleep in place needs vLLM's sleep mode from the start; on CPUs and simulated GPUs it parks."""
+    assert plan(QWEN8, [gpu("H100-80GB")], sleep_timeout=60).replicas[0].engine_kwargs["enable_sleep_mode"] is True
+    assert "enable_sleep_mode" not in plan(QWEN8, [gpu("H100-80GB")]).replicas[0].engine_kwargs
+    assert "enable_sleep_mode" not in plan(QWEN8, [cpu()], sleep_timeout=60).replicas[0].engine_kwargs
+    sim = gpu("H100-80GB", kind=DeviceKind.SIM_GPU)
+    assert "enable_sleep_mode" not in plan(QWEN8, [sim], sleep_timeout=60, engine="sim").replicas[0].engine_kwargs

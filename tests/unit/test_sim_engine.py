@@ -5,6 +5,7 @@ import pytest
 
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.engine.sim_engine import SimEngine
+from hive_apps.registry.devices import DeviceKind
 
 from .helpers import replica_plan
 
@@ -160,3 +161,36 @@ def test_cold_start_model_reproduces_vllms_published_figures():
 
     assert 97 <= cold_start_s(220 * 2**30, tp=4) <= 98  # Qwen3-235B-FP8, 4 x A100: 97-98 s
     assert cold_start_s(15 * 2**30, compute_capability=(9, 0)) < cold_start_s(15 * 2**30)  # Gen5 host link
+
+
+async def test_sleeps_in_place_at_both_levels_with_the_published_timings():
+    from hive_apps.lifecycle import sleep_s, wake_s
+
+    e = await engine(sim_tokens_per_s=2000)
+    e.replica.memory.weights = 2 * 2**30  # 2 GiB on an Ampere-class link: level 1 wakes in ~0.4 s
+    assert e.can_sleep() and e.info()["can_sleep"]
+    slept = await e.sleep(1)
+    assert slept == pytest.approx(sleep_s(1, 2 * 2**30), abs=0.1) and e.info()["sleep_level"] == 1
+    assert await e.sleep(1) < 0.05  # asleep already
+    woke = await e.wake_up()
+    assert woke["wake_s"] == pytest.approx(wake_s(1, 2 * 2**30), abs=0.1) and e.sleep_level == 0
+    await e.sleep(2)
+    level2 = (await e.wake_up())["wake_s"]
+    assert 3 * woke["wake_s"] <= level2 <= 10 * woke["wake_s"]  # vLLM: level 2 wakes 3-10x slower on small models
+
+
+async def test_a_wake_that_answers_differently_is_refused():
+    from hive_apps.engine.base import EngineStartError
+
+    e = await engine(sim_tokens_per_s=2000, sim_corrupt_wake=True)
+    await e.sleep(1)
+    with pytest.raises(EngineStartError, match="differently than before it slept"):
+        await e.wake_up()
+
+
+async def test_an_engine_on_a_cpu_cannot_sleep_in_place():
+    e = await engine(sim_tokens_per_s=2000)
+    e.replica.device_kind = DeviceKind.CPU
+    assert not e.can_sleep()
+    with pytest.raises(RuntimeError, match="park it"):
+        await e.sleep(1)
