@@ -1,13 +1,16 @@
 """Sleep, wake on request, and idle destroy.
 
 Deploys ``sleepy`` with ``sleep_timeout`` (seconds without requests, then it sleeps). The
-script waits while the model goes ``sleeping`` and then parked (``resident: false``: its engines
-are removed and its GPU memory released, its route and ``/v1/models`` entry stay), sends one
-chat request, which is held while the hive wakes the model, and prints ``last_wake`` (placement,
-engine start, warm-up, total). Then it deploys ``brief`` with ``idle_timeout``, waits until the
-hive destroyed it for idleness, and shows the 404 a request for it gets.
+script waits while the model goes ``sleeping`` and then asleep (``resident: false``: its GPU
+memory is released; its route and ``/v1/models`` entry stay), sends one chat request, which is
+held while the hive wakes the model, and prints ``last_wake`` (how, placement, engine start or
+wake, warm-up, total). Then it deploys ``brief`` with ``idle_timeout``, waits until the hive
+destroyed it for idleness, and shows the 404 a request for it gets.
 
-A parked model wakes with a cold engine start (tens of seconds for a real vLLM engine).
+How it sleeps (``sleep_mode``): on GPUs vLLM's sleep mode keeps the engine in place, ``level1``
+(weights in the node's RAM; wakes in about a second per 10 GiB) or ``level2`` (weights dropped,
+reloaded on wake); vLLM on CPU has no sleep mode, so the engine is ``parked`` (removed; its wake
+is a cold start, tens of seconds).
 
     export HIVE_URL=http://head:8000 HIVE_ADMIN_TOKEN=... HIVE_API_KEY=...
     python examples/sleep_idle.py --model Qwen/Qwen3-0.6B --sleep-timeout 30
@@ -39,7 +42,7 @@ def main() -> None:
         wait_for(hive, "sleepy", lambda b: b["status"] == "sleeping", timeout=args.sleep_timeout + 120)
         print(f"sleepy: sleeping after {time.time() - t:.1f} s")
         st = wait_for(hive, "sleepy", lambda b: not b["resident"], timeout=120)
-        print(f"sleepy: parked (sleep_mode={st['sleep_mode']}, resident={st['resident']}): {st['sleep_reason']}")
+        print(f"sleepy: asleep (sleep_mode={st['sleep_mode']}, resident={st['resident']}): {st['sleep_reason']}")
 
         t = time.time()
         r = client.chat.completions.create(model="sleepy", **ask)  # held until the model is awake

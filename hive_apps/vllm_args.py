@@ -42,7 +42,8 @@ ALLOWED: dict[str, type] = {
 NULLABLE = {"tool_call_parser", "reasoning_parser"}  # null turns off the parser the hive would pick
 HOOKS = {"hive_placement_policy", "hive_attention_cls"}  # class paths the planner imports
 SIM: dict[str, type] = {"sim_tokens_per_s": float, "sim_start_delay_s": float, "sim_fail_start": bool,
-                        "sim_memory_factor": float, "sim_cold_start": bool, "sim_corrupt_wake": bool}
+                        "sim_memory_factor": float, "sim_cold_start": bool, "sim_corrupt_wake": bool,
+                        "sim_sleep_mode": bool}
 
 # Never, whatever the operator widens: these break what the hive accounts for or guards.
 REFUSED: dict[str, str] = {

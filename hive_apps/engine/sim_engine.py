@@ -13,6 +13,8 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
   runs of sleeping and waking models see realistic wake times;
 - ``sim_memory_factor``: the share of its reservation the engine really allocates (default 1.0),
   which is what its simulated GPU then shows as used;
+- ``sim_sleep_mode``: false: the engine has no sleep mode (as vLLM on CPU), so it parks instead
+  of sleeping in place (default true on a GPU);
 - ``sim_corrupt_wake``: after a wake from sleep, answer differently than before (as an engine
   whose weights came back corrupted would), so the admin's check after a wake can be seen to work.
 
@@ -118,7 +120,7 @@ class SimEngine(EngineBase):
         self.start_ended = time.time()
 
     def can_sleep(self) -> bool:
-        return self.replica.device_kind.is_gpu
+        return self.replica.device_kind.is_gpu and self.replica.engine_kwargs.get("sim_sleep_mode", True)
 
     async def _sleep(self, level: int) -> None:
         await asyncio.sleep(sleep_s(level, self.replica.memory.weights))

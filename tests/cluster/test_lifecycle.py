@@ -15,6 +15,7 @@ pytestmark = pytest.mark.cluster
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BIG = {"kv_cache_memory_bytes": 14 * 2**30}  # one such replica fills an L4
+PARKS = {"sim_sleep_mode": False}  # an engine without sleep mode (as vLLM on CPU): it parks
 
 
 def wait_status(hive, model_id: str, status: str, timeout: float = 30.0) -> dict:
@@ -43,7 +44,7 @@ def chat(model_id: str, content: str = "hi", **kw) -> dict:
 def test_idle_model_parks_and_requests_wake_it(clean):
     hive = clean
     r = hive.deploy(**sim_spec("nap", gpu="node-b:gpu0", sleep_timeout=1.5,
-                               vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 1.5}))
+                               vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 1.5, **PARKS}))
     assert r.status_code == 200, r.text
     assert httpx.post(f"{hive.url}/v1/chat/completions", json=chat("nap"), headers=AUTH, timeout=30).status_code == 200
     wait_status(hive, "nap", "sleeping")
@@ -77,10 +78,40 @@ def test_idle_model_parks_and_requests_wake_it(clean):
     assert hive.gpus()["node-b:gpu0"]["reserved_bytes"] > 0
 
 
+def test_an_engine_with_sleep_mode_sleeps_in_place_and_wakes_there(clean):
+    hive = clean
+    r = hive.deploy(**sim_spec("doze", gpu="node-b:gpu0", sleep_timeout=1, vllm_kwargs={"sim_tokens_per_s": 500}))
+    assert r.status_code == 200, r.text
+    engine_start = r.json()["replicas"]["r0"]["engine_start_s"]
+    body = wait_parked(hive, "doze")  # not resident: its device memory is free
+    assert body["sleep_mode"] in ("level1", "level2"), body  # level 1 when this box's RAM can take the weights
+    gpu = hive.gpus()["node-b:gpu0"]
+    assert gpu["reserved_bytes"] == 0 and gpu["dormant"] == ["doze/r0"]
+    from ray import serve
+
+    assert "engine-r0" in serve.status().applications["doze"].deployments  # the engine stays, asleep
+    host = {n["node_name"]: n["host_reserved_bytes"] for n in hive.admin.get("/nodes").json()["nodes"]}
+    assert (host["node-b"] > 0) == (body["sleep_mode"] == "level1")
+
+    async def during_the_wake():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"{hive.url}/doze/v1/chat/completions", json=chat("doze", f"q{i}"),
+                                                      headers=AUTH) for i in range(3)))
+
+    assert all(a.status_code == 200 and a.json()["choices"][0]["message"]["content"] for a in asyncio.run(during_the_wake()))
+    level = body["sleep_mode"]
+    body = wait_status(hive, "doze", "ready")
+    assert body["last_wake"]["how"] == level
+    assert body["replicas"]["r0"]["engine_start_s"] == engine_start  # the same engine: it never started again
+    assert hive.gpus()["node-b:gpu0"]["reserved_bytes"] > 0
+    assert sum(n["host_reserved_bytes"] for n in hive.admin.get("/nodes").json()["nodes"]
+               if n["node_name"] == "node-b") == 0
+
+
 def test_hold_queue_is_bounded(clean):
     hive = clean
     hive.deploy(**sim_spec("crowd", gpu="node-b:gpu0", sleep_timeout=1,
-                           vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 4}))
+                           vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 4, **PARKS}))
     wait_parked(hive, "crowd")
 
     async def crowd():
@@ -143,7 +174,7 @@ def test_a_control_plane_kill_during_a_wake_loses_no_held_request(clean, app):
     import ray
 
     hive = clean
-    park(hive, "steady", gpu="node-b:gpu0", vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 3})
+    park(hive, "steady", gpu="node-b:gpu0", vllm_kwargs={"sim_tokens_per_s": 500, "sim_start_delay_s": 3, **PARKS})
 
     async def held_while_killed():
         async with httpx.AsyncClient(timeout=120) as client:

@@ -188,7 +188,8 @@ async def test_a_wake_that_answers_differently_is_refused():
         await e.wake_up()
 
 
-async def test_an_engine_on_a_cpu_cannot_sleep_in_place():
+async def test_an_engine_on_a_cpu_or_without_sleep_mode_cannot_sleep_in_place():
+    assert not (await engine(sim_tokens_per_s=2000, sim_sleep_mode=False)).can_sleep()
     e = await engine(sim_tokens_per_s=2000)
     e.replica.device_kind = DeviceKind.CPU
     assert not e.can_sleep()
