@@ -21,20 +21,31 @@ served (drain); memory, swaps and cold starts count over [0, seconds].
 
 Strategies. All start with what fits resident (deployed in catalog order); a model goes to
 the GPU with the fewest models, then the faster card (the planner's performance order);
-all wake by cold start (this round the hive parks, issue 9).
-  hive     sleep_timeout 300 s: an idle model parks (reservation released). A request for a
+the first three wake by cold start.
+  hive     sleep_timeout 300 s: an idle model parks (reservation released), as on engines
+           without vLLM sleep mode. A request for a
            parked model is held (64 per model, more get 429) while it starts again. Room:
            ``eviction_order`` (priority 0, recent rate x wake cost, 60 s minimum residency),
            then ``choose_victims`` (the shortest prefix of that order after which the model
            fits on some GPU; all of it is parked); when nothing may go, retry at
            ``protection_ends`` or when a request ends. Wake cost: the last measured wake,
            before one, ``cold_start_s``.
+  hive-sleep  the same rules, with engines that sleep in place (vLLM sleep mode, as the hive
+           runs them on CUDA): an idle or evicted model frees its GPU but stays on it, at
+           level 1 while its node's host RAM (NODE_RAM_GIB x 0.90 - SYSTEM_RAM_GIB, assumed)
+           can take its weights, else level 2. Its wake needs room on that GPU (made there by
+           the same eviction rules) and takes ``wake_s`` (level 1 ~0.1 s/GiB on PCIe Gen4, half
+           on Hopper, + 0.2 s; level 2 6.5x that) + the warm-up. When no room can be made on its
+           GPU now, it starts cold on another GPU that has room now; when its GPU could never
+           take it (not even with every model there gone), it parks and waits for room anywhere;
+           otherwise it waits for a request on its GPU to end.
   static   what fits at deploy stays resident; requests for the rest are refused.
   swapper  fixed-timeout LRU swapper (llama-swap-like): the same timeout and hold queue; for
            room it parks the least recently used models with nothing in flight (the same
            prefix rule), no cost model, no minimum residency.
 Added latency: how long a served request waited for its model to be ready (an always-awake
-model adds nothing). Swaps: models parked to make room. Memory: GiB reserved on GPUs x hours
+model adds nothing); "/ wake" divides it by the model's cold start + warm-up on that GPU (the
+catalog's wake column) for every strategy. Swaps: models parked or put to sleep to make room. Memory: GiB reserved on GPUs x hours
 (waking models included); the saving is against static, i.e. keeping every model that fits
 awake all the time.
 """
@@ -57,7 +68,7 @@ sys.path.insert(0, ROOT)
 
 from hive_apps.lifecycle import (  # noqa: E402
     Activity, Candidate, choose_victims, cold_start_s, eviction_order, idle_since, protection_ends,
-    sleep_due, update_activity,
+    sleep_due, update_activity, wake_s,
 )
 from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
 from hive_apps.planning.profile import load_profile  # noqa: E402
@@ -75,7 +86,11 @@ HOLD_BOUND = 64
 TICK_S = 5.0  # how often the lifecycle loop samples the engines
 CONCURRENCY = 16  # max_concurrency of every deploy
 ZIPF_S = 1.1
-STRATEGIES = {"hive": "Ray Hive", "static": "(a) static", "swapper": "(b) LRU swapper"}
+STRATEGIES = {"hive": "Ray Hive, parking", "hive-sleep": "Ray Hive, vLLM sleep in place",
+              "static": "(a) static", "swapper": "(b) LRU swapper"}
+HIVES = ("hive", "hive-sleep")
+NODE_RAM_GIB = {"a": 512, "b": 192}  # assumed host RAM of each node (a 2 x H100 and a 2 x L4 server)
+SYSTEM_RAM_GIB = 32  # assumed taken on each node by the OS, Ray and the engine processes themselves
 
 # (model_id, fixture folder, max input tokens, max output tokens), in deploy order
 CATALOG = [
@@ -191,8 +206,10 @@ class Gpu:
 @dataclass
 class State:
     d: Deploy
-    phase: str = "parked"  # parked | pending (waits for room) | waking | resident
+    phase: str = "parked"  # parked | asleep (in place) | pending (waits for room) | waking | resident
     gpu: Gpu | None = None
+    home: Gpu | None = None  # asleep in place: the GPU its engine sleeps on
+    level: int = 0  # 1 or 2 while asleep in place
     held: list = field(default_factory=list)  # (request id, arrival, size fraction)
     in_flight: int = 0
     started: int = 0  # requests the current engine took (its counter restarts with it)
@@ -217,6 +234,7 @@ class Result:
     evictions: list[tuple[float, str, int, str, float, float]] = field(default_factory=list)  # t, model, in flight, why, ready_at, the newcomer's wait
     swaps: int = 0
     wakes: int = 0
+    cold: int = 0  # wakes that were cold starts
     stray: int = 0  # victims parked on another GPU than the one the newcomer took
     mem_byte_s: float = 0.0
     over_seqs: list[str] = field(default_factory=list)  # models whose in-flight peak passed max_num_seqs
@@ -247,6 +265,8 @@ class Sim:
         self.retries: set[float] = set()
         self.clock = 0.0
         self.r = Result(strategy, len(requests), {g.id: g.budget for g in self.gpus})
+        self.host_free = {n: int((BUDGET * ram - SYSTEM_RAM_GIB) * GIB) for n, ram in NODE_RAM_GIB.items()}
+        self.retry_set = False
 
     def at(self, t: float, kind: str, arg=None) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, arg))
@@ -275,8 +295,9 @@ class Sim:
             self.r.mem_byte_s += sum(g.used for g in self.gpus) * (t - self.clock)
             self.clock = t
 
-    def room(self, s: State) -> list[Gpu]:
-        return [g for g in self.gpus if g.key in s.d.footprint and g.budget - g.used >= s.d.footprint[g.key]]
+    def room(self, s: State, only: Gpu | None = None) -> list[Gpu]:
+        return [g for g in self.gpus if g.key in s.d.footprint and g.budget - g.used >= s.d.footprint[g.key]
+                and (only is None or g is only)]
 
     @staticmethod
     def pick(gpus: list[Gpu]) -> Gpu:
@@ -289,12 +310,24 @@ class Sim:
         self.r.ledger.append((t, g.id, s.d.footprint[g.key]))
 
     def park(self, s: State, t: float, why: str, waited: float = 0.0) -> None:
+        """Put a resident model to sleep: parked, or (hive-sleep) in place on its GPU."""
         self.r.evictions.append((t, s.d.model_id, s.in_flight, why, s.ready_at, waited))
         g, s.gpu, s.phase = s.gpu, None, "parked"
         g.used -= s.d.footprint[g.key]
         g.models -= 1
         self.r.ledger.append((t, g.id, -s.d.footprint[g.key]))
         self.r.swaps += why == "room" and t <= self.seconds
+        if self.strategy == "hive-sleep":
+            node = g.id.split(":")[0]
+            s.home, s.phase = g, "asleep"
+            s.level = 1 if self.host_free[node] >= s.d.weight_bytes else 2
+            self.host_free[node] -= s.d.weight_bytes if s.level == 1 else 0
+
+    def leave_home(self, s: State) -> None:
+        """An engine asleep in place is woken there, or removed: its host RAM goes back."""
+        if s.home is not None and s.level == 1:
+            self.host_free[s.home.id.split(":")[0]] += s.d.weight_bytes
+        s.home, s.level = None, 0
 
     # -- requests --
     def on_arrive(self, t: float, arg) -> None:
@@ -307,7 +340,7 @@ class Sim:
             self.r.outcomes.append((i, "429"))
         else:
             s.held.append((i, t, f))
-            if s.phase == "parked":
+            if s.phase in ("parked", "asleep"):
                 s.phase = "pending"
                 self.pending.append(s)
                 self.try_pending(t)
@@ -343,7 +376,7 @@ class Sim:
             since = idle_since(s.last_request_at, s.ready_at)
             if s.phase == "resident" and sleep_due(SLEEP_TIMEOUT_S, since, s.in_flight, t):
                 self.park(s, t, "timeout")
-            if self.strategy == "hive":  # no engine (parked, waking): its counter reads 0
+            if self.strategy in HIVES:  # no engine (parked, waking): its counter reads 0
                 s.activity = update_activity(s.activity, s.in_flight, s.started if s.phase == "resident" else 0,
                                              s.last_request_at, t)
         self.try_pending(t)
@@ -358,36 +391,51 @@ class Sim:
                 self.pending.remove(s)
 
     def try_wake(self, s: State, t: float) -> bool:
-        room, where = self.room(s), []
+        home = s.home
+        room, where = self.room(s, home), []
         if not room:
-            victims = self.choose_hive(s, t) if self.strategy == "hive" else self.choose_lru(s)
+            self.retry_set = False
+            victims = self.choose_hive(s, t) if self.strategy in HIVES else self.choose_lru(s)
+            if victims is None and home is not None and not self.retry_set and (
+                    self.room(s) or not self.fits(s, [v.d.model_id for v in self.states.values() if v.gpu is home])):
+                self.leave_home(s)  # room elsewhere now, or never on its own GPU: start it again elsewhere
+                return self.try_wake(s, t)
             if victims is None:
                 return False
             where = [self.states[v].gpu.id for v in victims]
             waited = t - min((arrival for _, arrival, _ in s.held), default=t)
             for v in victims:
                 self.park(self.states[v], t, "room", waited)
-            room = self.room(s)
+            room = self.room(s, home)
         g = self.pick(room)
         self.r.stray += sum(w != g.id for w in where)
         self.reserve(s, g, t)
         s.phase, s.wake_from = "waking", t
         self.r.wakes += t <= self.seconds
-        self.at(t + s.d.wake_s(g.key), "woke", s)
+        self.r.cold += home is None and t <= self.seconds
+        took = s.d.wake_s(g.key) if home is None else self.in_place_wake_s(s, g)
+        self.leave_home(s)
+        self.at(t + took, "woke", s)
         return True
 
+    @staticmethod
+    def in_place_wake_s(s: State, g: Gpu, level: int | None = None) -> float:
+        return wake_s(level or s.level, s.d.weight_bytes, 1, GPU_CATALOG[g.key].compute_capability) + WARMUP_S
+
     def fits(self, s: State, chosen: list[str]) -> bool:
-        """Whether ``s`` fits on some GPU once ``chosen`` are parked."""
+        """Whether ``s`` fits on some GPU (its own, asleep in place) once ``chosen`` are parked."""
         freed: Counter = Counter()
         for mid in chosen:
             v = self.states[mid]
             freed[v.gpu.id] += v.d.footprint[v.gpu.key]
-        return any(g.budget - g.used + freed[g.id] >= s.d.footprint[g.key] for g in self.gpus if g.key in s.d.footprint)
+        return any(g.budget - g.used + freed[g.id] >= s.d.footprint[g.key] for g in self.gpus
+                   if g.key in s.d.footprint and (s.home is None or g is s.home))
 
     def choose_hive(self, s: State, t: float) -> list[str] | None:
         cands = [Candidate(model_id=v.d.model_id, can_sleep=True, priority=0, in_flight=v.in_flight,
                            rate_per_s=v.activity.rate_per_s if v.activity else 0.0,
-                           wake_cost_s=v.measured_wake or cold_start_s(v.d.weight_bytes),
+                           wake_cost_s=v.measured_wake or (self.in_place_wake_s(v, v.gpu, 1) if self.strategy == "hive-sleep"
+                                                            else cold_start_s(v.d.weight_bytes)),
                            resident_since=v.ready_at, last_request_at=v.last_request_at, devices=[v.gpu.id])
                  for v in self.states.values() if v.phase == "resident"]
         since = min(arrival for _, arrival, _ in s.held) if s.held else t
@@ -398,6 +446,8 @@ class Sim:
 
         victims = drive(choose_victims(order, fits))
         end = protection_ends(cands, t, MIN_RESIDENCY_S, since) if victims is None else None
+        if end is not None:
+            self.retry_set = True
         if end is not None and (end := max(end, t + 1e-3)) not in self.retries:
             self.retries.add(end)
             self.at(end, "retry")
@@ -443,33 +493,38 @@ def catalog_rows(deploys: list[Deploy], kinds: list[str], ranks: dict[str, int])
 
 
 HEADER = ("load req/s", "strategy", "requests", "served", "429", "refused (no memory)", "added p50 s",
-          "added p99 s", "p99 added / wake", "swaps/h", "cold starts/h", "GPU GiB*h", "saved vs static")
+          "added p99 s", "p99 added / wake", "swaps/h", "wakes/h (cold)", "GPU GiB*h", "saved vs static")
 
 
 def result_rows(rate: float, results: dict[str, Result], seconds: float) -> list[tuple]:
     per_h = 3600 / seconds
     return [(f"{rate:g}", STRATEGIES[name], r.requests, r.count("served"), r.count("429"), r.count("refused"),
              f"{pct(r.added, 0.5):.1f}", f"{pct(r.added, 0.99):.1f}", f"{pct(r.ratio, 0.99):.2f}",
-             f"{r.swaps * per_h:.1f}", f"{r.wakes * per_h:.1f}", f"{r.mem_byte_s / GIB / 3600:.0f}",
+             f"{r.swaps * per_h:.1f}", f"{r.wakes * per_h:.1f} ({r.cold * per_h:.1f})", f"{r.mem_byte_s / GIB / 3600:.0f}",
              f"{round(100 - 100 * r.mem_byte_s / results['static'].mem_byte_s)}%") for name, r in results.items()]
 
 
 def targets(rate: float, results: dict[str, Result]) -> list[str]:
-    hive, static, lru = results["hive"], results["static"], results["swapper"]
+    static, lru = results["static"], results["swapper"]
     ok = lambda b: "met" if b else "MISSED"  # noqa: E731
-    answered = hive.count("served") + hive.count("429")
-    saved = 1 - hive.mem_byte_s / static.mem_byte_s
-    p99, p99_lru, ratio = pct(hive.added, 0.99), pct(lru.added, 0.99), pct(hive.ratio, 0.99)
-    return [
-        f"* {rate:g} req/s: every request served or 429 by design, none refused for lack of memory: "
-        f"{ok(answered == hive.requests)} ({answered} of {hive.requests}; {hive.count('refused')} refused)",
-        f"* {rate:g} req/s: p99 added <= 1.2 x the model's wake: {ok(ratio <= 1.2)} (p99 of added / wake = "
-        f"{ratio:.2f}; {sum(x > 1.2 for x in hive.ratio)} of {len(hive.ratio)} served requests above 1.2)",
-        f"* {rate:g} req/s: >= 50 % of GPU-memory-seconds saved against static: {ok(saved >= 0.5)} ({round(100 * saved)}%)",
-        f"* {rate:g} req/s: fewer swaps than the LRU swapper at equal or better p99: "
-        f"{ok(hive.swaps < lru.swaps and p99 <= p99_lru)} (swaps {hive.swaps} vs {lru.swaps}; p99 added "
-        f"{p99:.1f} s vs {p99_lru:.1f} s)",
-    ]
+    out = []
+    for name in HIVES:
+        hive = results[name]
+        answered = hive.count("served") + hive.count("429")
+        saved = 1 - hive.mem_byte_s / static.mem_byte_s
+        p99, p99_lru, ratio = pct(hive.added, 0.99), pct(lru.added, 0.99), pct(hive.ratio, 0.99)
+        who = f"{rate:g} req/s, {STRATEGIES[name]}"
+        out += [
+            f"* {who}: every request served or 429 by design, none refused for lack of memory: "
+            f"{ok(answered == hive.requests)} ({answered} of {hive.requests}; {hive.count('refused')} refused)",
+            f"* {who}: p99 added <= 1.2 x the model's wake: {ok(ratio <= 1.2)} (p99 of added / wake = "
+            f"{ratio:.2f}; {sum(x > 1.2 for x in hive.ratio)} of {len(hive.ratio)} served requests above 1.2)",
+            f"* {who}: >= 50 % of GPU-memory-seconds saved against static: {ok(saved >= 0.5)} ({round(100 * saved)}%)",
+            f"* {who}: fewer swaps than the LRU swapper at equal or better p99: "
+            f"{ok(hive.swaps < lru.swaps and p99 <= p99_lru)} (swaps {hive.swaps} vs {lru.swaps}; p99 added "
+            f"{p99:.1f} s vs {p99_lru:.1f} s)",
+        ]
+    return out
 
 
 def main() -> None:
@@ -504,10 +559,11 @@ def main() -> None:
           f"{total_gib / cluster_gib:.2f} x the cluster's memory; max_concurrency {CONCURRENCY}")
     print(f"traffic: {args.seconds:.0f} s of Poisson arrivals, Zipf s={ZIPF_S}, seed {args.seed}; sleep_timeout "
           f"{SLEEP_TIMEOUT_S:.0f} s, minimum residency {MIN_RESIDENCY_S:.0f} s (hive), hold bound {HOLD_BOUND}, "
-          f"lifecycle tick {TICK_S:.0f} s; wake = cold start + {WARMUP_S:.0f} s warm-up\n")
+          f"lifecycle tick {TICK_S:.0f} s; wake = cold start (or vLLM's wake in place) + {WARMUP_S:.0f} s warm-up; "
+          f"host RAM {', '.join(f'node {n} {g} GiB' for n, g in NODE_RAM_GIB.items())} (hive-sleep)\n")
     print("\n".join(md(catalog_rows(deploys, kinds, ranks))), "\n")
     print("\n".join(md(rows)))
-    print("\nTargets (issue 9), Ray Hive:\n" + "\n".join(checks))
+    print("\nTargets (issue 9):\n" + "\n".join(checks))
     if notes:
         print("\nNotes:\n" + "\n".join(notes))
     print(f"\n{time.perf_counter() - t0:.1f} s; command: python benchmarks/bench_lifecycle.py --seconds "

@@ -59,6 +59,7 @@ class Room(BaseModel):
     evicting: list[str] = []  # put to sleep for this model just now
     waiting_for: list[str] = []  # every model whose parking it waits for (the evicted ones included)
     retry_at: float | None = None  # a minimum residency ends then: try again
+    blocked: bool = False  # room could be made once requests in flight (or protections) end
     error: str = ""
     status_code: int = 200
 
@@ -267,6 +268,6 @@ class Lifecycle(ControlPlane):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
         retry = protection_ends(candidates, now, self.settings.min_residency_s, waiting_since)
         holders = "; ".join(f"{r.model_id} ({r.reason})" for r in refused) or "none"
-        return Room(retry_at=retry, status_code=503,
+        return Room(retry_at=retry, status_code=503, blocked=True,
                     error=f"no room for {spec.model_id}: the memory it needs is held by models that cannot be "
                           f"put to sleep now: {holders}")

@@ -265,10 +265,17 @@ class Reconciler(ControlPlane):
         spec = rec.spec if bounds is None or rec.sleeps_in_place else rec.spec.model_copy(update={"replicas": bounds[0]})
         room = await self.lifecycle.make_room(spec, rec.wake_requested_at, in_place=rec.plan if rec.sleeps_in_place else None)
         if room.plan is None and rec.sleeps_in_place and not room.waiting_for and room.retry_at is None:
-            log.info("%s: no room where its engines sleep (%s); starting it again elsewhere", rec.model_id, room.error)
-            await self._park_app(rec)
-            await self._ask("parked", rec)
-            return 0.0
+            # no room on its own devices now: start it again elsewhere if it fits there now, or if
+            # its devices could never take it; else wait for a request on them to end
+            if not room.blocked or (await self.planner.plan.remote(spec, await self.registry.capacities.remote())).plan:
+                log.info("%s: no room where its engines sleep (%s); starting it again elsewhere", rec.model_id, room.error)
+                await self._park_app(rec)
+                await self._ask("parked", rec)
+                return 0.0
+            message = f"waking: {room.error}; waiting for their requests to end"
+            if rec.message != message:
+                await self._ask("note", rec, version=rec.version, message=message)
+            return POLL_S
         evicted = self.evicted_for.setdefault(rec.model_id, set())
         evicted.update(room.evicting)
         if room.plan is None:

@@ -47,7 +47,7 @@ def runs(deploys):
 def test_the_run_is_crowded_enough_to_mean_something(runs):
     requests, results = runs
     assert results["static"].count("refused") > 0  # not everything fits at once
-    for name in ("hive", "swapper"):
+    for name in ("hive", "hive-sleep", "swapper"):
         r = results[name]
         assert r.swaps > 0 and max(r.added) > 0, f"{name}: no swap, the invariants below would be vacuous"
 
@@ -110,3 +110,17 @@ def test_cold_start_model_reproduces_the_published_figure():
     assert 97 <= bench.gpu_cold_start_s("A100-80GB", 220 * GIB, tp=4) <= 98
     assert bench.gpu_cold_start_s("H100-80GB", 15 * GIB) < bench.gpu_cold_start_s("L4", 15 * GIB)  # faster host link
     assert bench.gpu_cold_start_s("L4", 1 * GIB) < bench.gpu_cold_start_s("L4", 15 * GIB)
+
+
+def test_sleeping_in_place_wakes_without_cold_starts_and_keeps_host_ram_within_its_budget(deploys, runs):
+    requests, results = runs
+    sim = bench.Sim(deploys, CLUSTER, "hive-sleep", requests, SECONDS)
+    r = sim.run()
+    assert r.wakes > 0 and r.cold < r.wakes  # most wakes were in place
+    assert all(free >= 0 for free in sim.host_free.values())
+    budget = {n: int((bench.BUDGET * ram - bench.SYSTEM_RAM_GIB) * GIB) for n, ram in bench.NODE_RAM_GIB.items()}
+    asleep = [s for s in sim.states.values() if s.home is not None]
+    for node in budget:  # what is booked now is exactly the level-1 sleepers' weights on that node
+        held = sum(s.d.weight_bytes for s in asleep if s.level == 1 and s.home.id.startswith(node + ":"))
+        assert budget[node] - sim.host_free[node] == held
+    assert bench.pct(r.added, 0.5) <= bench.pct(results["hive"].added, 0.5)

@@ -194,6 +194,22 @@ async def test_a_model_asleep_in_place_takes_its_devices_back_by_evicting_a_newc
     assert rec.last_wake.evicted == ["other"] and life.cluster.apps["m"].builds == 1
 
 
+async def test_a_model_asleep_in_place_waits_for_requests_on_its_gpu_rather_than_start_cold(life):
+    await sleepy(life, "m", **BIG)
+    await ready(life, "other", sleep_timeout=600, **BIG)
+    idle_for(life, "other", 0, in_flight=1)
+    await life.lifecycle.tick(await life.registry.list_models())  # the admin sees other's request in flight
+    await life.registry.transition("wake", "m")
+    rec = await life.settle("m", max_steps=3)
+    assert rec.status is ModelStatus.WAKING and rec.sleeps_in_place and "waiting for their requests to end" in rec.message
+    idle_for(life, "other", 0)  # its request ended
+    await life.lifecycle.tick(await life.registry.list_models())
+    await life.settle("m")
+    await life.settle("other")
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL1 and rec.last_wake.evicted == ["other"]
+
+
 async def test_a_model_asleep_where_nothing_can_make_room_starts_again_on_another_gpu():
     h = Hive(FakeCluster({"node-a": "L4.L4"}))
     h.lifecycle = Lifecycle(h.cluster, LIFE)
