@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 from starlette.responses import JSONResponse
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                429: "RateLimitError", 503: "ServiceUnavailableError"}
 
 
-def openai_error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def openai_error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def sse_error(status: int, message: str) -> bytes:
+    """The last events of a stream that cannot go on (its headers, 200, are already sent)."""
+    return f"data: {json.dumps(error_body(status, message))}\n\ndata: [DONE]\n\n".encode()

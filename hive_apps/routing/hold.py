@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from hive_apps import metrics, names
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.protocol import ResponseStart
-from hive_apps.openai_errors import openai_error
+from hive_apps.openai_errors import openai_error, sse_error
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
 from hive_apps.settings import HiveSettings
 
@@ -146,13 +146,13 @@ async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
             try:
                 rec = waiting.result()
             except HoldRefused as e:
-                yield _error_event(e.response.status_code, json.loads(e.response.body)["error"]["message"])
+                yield sse_error(e.response.status_code, json.loads(e.response.body)["error"]["message"])
                 return
             items = then(rec)
             start = await items.__anext__()
             if start.status != 200:
                 raw = b"".join([c async for c in items if isinstance(c, bytes)])
-                yield _error_event(start.status, raw.decode(errors="replace"))
+                yield sse_error(start.status, _message(raw))
                 return
             async for chunk in items:
                 if isinstance(chunk, bytes):
@@ -163,8 +163,10 @@ async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
     return StreamingResponse(body(), status_code=200, media_type="text/event-stream")
 
 
-def _error_event(status: int, message: str) -> bytes:
-    err = {"error": {"message": message, "type": "ServiceUnavailableError" if status >= 500 else "InvalidRequestError",
-                     "code": status}}
-    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+def _message(raw: bytes) -> str:
+    """The message of an engine's error reply (OpenAI's shape), else its text."""
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return raw.decode(errors="replace")
 

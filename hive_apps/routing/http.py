@@ -13,7 +13,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hive_apps import request_ids
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
-from hive_apps.openai_errors import openai_error
+from hive_apps.openai_errors import openai_error, sse_error
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
 from hive_apps.routing.hold import HoldRefused, WakeHold, gone_message, held_stream
 
@@ -114,8 +114,7 @@ async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
         except Exception as e:  # the replica died mid-stream
             log.warning("stream broken: %s", e)
             if is_sse:
-                err = {"error": {"message": f"the model replica failed mid-stream: {type(e).__name__}", "type": "ServiceUnavailableError", "code": 503}}
-                yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                yield sse_error(503, f"the model replica failed mid-stream: {type(e).__name__}")
 
     return StreamingResponse(body(), status_code=start.status, media_type=start.content_type, headers=_passed_headers(start))
 

@@ -465,3 +465,15 @@ async def test_replica_loads_for_the_status_page(pair):
     loads = await pair.lifecycle.replica_loads(rec)
     seqs = rec.plan.replicas[0].settings.max_num_seqs
     assert set(loads) == {"r0"} and loads["r0"].capacity == seqs and loads["r0"].running == int(seqs * 0.5)
+
+
+def test_a_held_stream_that_ends_in_an_error_types_it_as_the_json_answer_would():
+    from hive_apps.openai_errors import ERROR_TYPES, sse_error
+    from hive_apps.routing.hold import _message
+
+    events = sse_error(429, "the hold queue is full").decode().split("\n\n")
+    err = json.loads(events[0].removeprefix("data: "))["error"]
+    assert err == {"message": "the hold queue is full", "type": ERROR_TYPES[429], "param": None, "code": 429}
+    assert events[1] == "data: [DONE]"
+    assert _message(b'{"error": {"message": "bad request", "type": "BadRequestError"}}') == "bad request"
+    assert _message(b"Internal Server Error") == "Internal Server Error"
