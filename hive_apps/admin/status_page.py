@@ -118,7 +118,7 @@ function drawModels(models, load) {
     const where = reps.map(([r, p]) => `${r}: ${p.devices.join("+")}`).join(", ");
     return el("tr", { "data-model": m.model_id },
       el("td", {}, el("b", {}, m.model_id), el("br"), el("small", {}, m.model + " · " + m.engine)),
-      el("td", { class: "st " + m.status, "data-status": m.status }, m.status + (m.resident ? "" : " (parked)")),
+      el("td", { class: "st " + m.status, "data-status": m.status }, m.status + (m.resident || !m.sleep_mode ? "" : " (" + m.sleep_mode + ")")),
       el("td", {}, where || "none"),
       el("td", { "data-load": busy }, m.resident ? `${busy} / ${seqs} sequences (${Math.round(pct(busy, seqs))} %)` : `${seqs} when awake`),
       el("td", {}, el("code", {}, m.route + "/v1"), " and ", el("code", {}, `${m.openai_v1} model=${m.model_id}`)),
