@@ -6,6 +6,7 @@ plain classes here; ``admin/model_app.py`` wraps them as Serve deployments.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -83,7 +84,9 @@ class EngineBase:
 
     def __init__(self) -> None:
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
-        self.answer: Any = None  # the warm-up's greedy answer: a wake must give it again
+        self._sleep_lock: asyncio.Lock | None = None  # one sleep or wake at a time (a new admin may ask again)
+        self.answer: Any = None  # the first warm-up's greedy answer: every wake must give it again
+        self.last_answer: Any = None
         self.in_flight = 0
         self.requests_total = 0
         self.last_request_at: float | None = None
@@ -163,7 +166,9 @@ class EngineBase:
             )
         if status != 200:
             raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
-        self.answer = body["data"][0]["embedding"] if self.runner == "pooling" else body["choices"][0]["text"]
+        self.last_answer = body["data"][0]["embedding"] if self.runner == "pooling" else body["choices"][0]["text"]
+        if self.answer is None:  # the engine's first: what every wake must give again
+            self.answer = self.last_answer
         return time.perf_counter() - t0
 
     # --- sleeping in place (vLLM sleep mode) --------------------------------------------
@@ -183,22 +188,28 @@ class EngineBase:
         if not self.can_sleep():
             raise RuntimeError("this engine has no sleep mode (vLLM on CPU, or not started with it): park it")
         t0 = time.perf_counter()
-        if not self.sleep_level:
-            await self._sleep(level)
-            self.sleep_level = level
+        async with self._lock():
+            if not self.sleep_level:
+                await self._sleep(level)
+                self.sleep_level = level
         return time.perf_counter() - t0
+
+    def _lock(self) -> asyncio.Lock:
+        if self._sleep_lock is None:
+            self._sleep_lock = asyncio.Lock()
+        return self._sleep_lock
 
     async def wake_up(self) -> dict[str, float]:
         """Take the device memory back, warm up, and check that the model answers as it did before
         it slept; an engine that answers otherwise must be restarted. Idempotent."""
-        before = self.answer
-        t0 = time.perf_counter()
-        if self.sleep_level:
-            await self._wake_up()
-            self.sleep_level = 0
-        wake_s = time.perf_counter() - t0
-        warm_up_s = await self.warm_up()
-        if before is not None and not same_answer(before, self.answer):
+        async with self._lock():
+            t0 = time.perf_counter()
+            if self.sleep_level:
+                await self._wake_up()
+                self.sleep_level = 0
+            wake_s = time.perf_counter() - t0
+            warm_up_s = await self.warm_up()
+        if not same_answer(self.answer, self.last_answer):
             raise EngineStartError(f"after waking, {self.model_id}/r{self.replica.index} answers the warm-up "
                                    f"differently than before it slept (its weights did not come back intact)")
         return {"wake_s": round(wake_s, 3), "warm_up_s": round(warm_up_s, 3)}

@@ -186,6 +186,8 @@ async def test_a_wake_that_answers_differently_is_refused():
     await e.sleep(1)
     with pytest.raises(EngineStartError, match="differently than before it slept"):
         await e.wake_up()
+    with pytest.raises(EngineStartError):  # asked again (a new admin): still refused
+        await e.wake_up()
 
 
 async def test_an_engine_on_a_cpu_or_without_sleep_mode_cannot_sleep_in_place():
