@@ -81,14 +81,19 @@ def test_idle_clock_counts_from_the_later_of_last_request_and_ready():
 
 
 # --- the admin's loops on the in-memory cluster ------------------------------------------
-@pytest.fixture
-async def life():
-    h = Hive(FakeCluster({"node-a": "L4"}))
+async def life_on(gpus: str) -> Hive:
+    """A registry, lifecycle loop and reconciler on one node with these simulated GPUs."""
+    h = Hive(FakeCluster({"node-a": gpus}))
     h.lifecycle = Lifecycle(h.cluster, LIFE)
     h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
     await h.start_registry()
     await h.sample()
-    yield h
+    return h
+
+
+@pytest.fixture
+async def life():
+    yield await life_on("L4")
     set_cluster(None)
 
 
@@ -211,11 +216,7 @@ async def test_a_model_asleep_in_place_waits_for_requests_on_its_gpu_rather_than
 
 
 async def test_a_model_asleep_where_nothing_can_make_room_starts_again_on_another_gpu():
-    h = Hive(FakeCluster({"node-a": "L4.L4"}))
-    h.lifecycle = Lifecycle(h.cluster, LIFE)
-    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
-    await h.start_registry()
-    await h.sample()
+    h = await life_on("L4.L4")
     try:
         before, _ = await sleepy(h, "m", **BIG)  # (on gpu0, the first of two equal cards)
         await ready(h, "pinned", gpu="node-a:gpu0", **BIG)  # no sleep_timeout: never evicted
