@@ -238,16 +238,60 @@ def simulated_gpus(node_id: str, node_name: str, keys: list[str]) -> list[Device
     return out
 
 
-def cpu_device(node_id: str, node_name: str) -> Device:
+CGROUP_ROOT = "/sys/fs/cgroup"
+# (limit, usage, stat, its inactive-file key): cgroup v2, then v1
+CGROUP_MEMORY_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                       ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+                        "total_inactive_file"))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cgroup_memory(root: str = CGROUP_ROOT) -> tuple[int, int] | None:
+    """(limit, working set) bytes of this process's memory cgroup, or None without a limit. The
+    working set is usage minus inactive file cache, as the kubelet counts it for evictions."""
+    for limit_file, usage_file, stat_file, inactive_key in CGROUP_MEMORY_FILES:
+        limit, usage = _read(os.path.join(root, limit_file)), _read(os.path.join(root, usage_file))
+        if limit is None or usage is None:
+            continue
+        if not limit.isdigit() or not usage.isdigit():
+            return None  # "max": no limit
+        inactive = 0
+        for line in (_read(os.path.join(root, stat_file)) or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key and value.strip().isdigit():
+                inactive = int(value)
+        return int(limit), max(0, int(usage) - inactive)
+    return None
+
+
+def host_memory(root: str = CGROUP_ROOT) -> tuple[int, int]:
+    """(total, used) bytes of the RAM this node's engines may use: the machine's, or its container's
+    where a memory limit caps it lower (a KubeRay pod: CPU engines and level-1 sleepers' weights
+    live under that limit, and passing it is an OOM kill, not swap)."""
     vm = psutil.virtual_memory()
+    capped = cgroup_memory(root)
+    if capped is not None and capped[0] < vm.total:
+        return capped[0], min(capped[0], capped[1])
+    return vm.total, vm.total - vm.available
+
+
+def cpu_device(node_id: str, node_name: str) -> Device:
+    total, used = host_memory()
     return Device(
         id=device_id(node_name, DeviceKind.CPU, None),
         node_id=node_id,
         node_name=node_name,
         kind=DeviceKind.CPU,
         name="cpu",
-        total_bytes=vm.total,
-        used_bytes=vm.total - vm.available,
+        total_bytes=total,
+        used_bytes=used,
         cpu_count=os.cpu_count(),
     )
 
@@ -275,9 +319,9 @@ def sample_devices(node_id: str, name: str, sim_keys: list[str]) -> tuple[list[D
 
 def sample_node(node_id: str, labels: dict[str, str], source: str = "ray-monitor") -> NodeSample:
     name = node_name_of(node_id, labels)
-    vm = psutil.virtual_memory()
+    total, used = host_memory()
     devices, error = sample_devices(node_id, name, sim_gpu_keys(labels))
     return NodeSample(
-        node_id=node_id, node_name=name, host_total_bytes=vm.total, host_used_bytes=vm.total - vm.available,
+        node_id=node_id, node_name=name, host_total_bytes=total, host_used_bytes=used,
         cpu_count=os.cpu_count() or 1, devices=devices, sampled_at=time.time(), source=source, error=error,
     )

@@ -216,3 +216,33 @@ def test_nvml_names_map_to_the_catalog(nvml_name, gib, key):
                                        "NVIDIA RTX 5000 Ada Generation"])
 def test_cards_the_catalog_does_not_hold_are_not_guessed(nvml_name):
     assert identify(nvml_name, 24 * GIB) is None
+
+
+def _cgroup(tmp_path, files: dict[str, str]) -> str:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return str(tmp_path)
+
+
+def test_a_container_memory_limit_is_the_node_ram_the_hive_books(tmp_path):
+    """A KubeRay pod sees the machine's RAM in /proc/meminfo; its engines live under the pod's limit."""
+    import psutil
+
+    from hive_apps.registry.monitor import cgroup_memory, host_memory
+
+    gib = 2**30
+    v2 = _cgroup(tmp_path / "v2", {"memory.max": f"{32 * gib}\n", "memory.current": f"{10 * gib}\n",
+                                   "memory.stat": f"anon {7 * gib}\ninactive_file {2 * gib}\nactive_file 1\n"})
+    assert cgroup_memory(v2) == (32 * gib, 8 * gib)  # usage minus inactive file cache, as the kubelet counts
+    if psutil.virtual_memory().total > 32 * gib:
+        assert host_memory(v2) == (32 * gib, 8 * gib)
+    v1 = _cgroup(tmp_path / "v1", {"memory/memory.limit_in_bytes": str(gib), "memory/memory.usage_in_bytes": str(gib // 2),
+                                   "memory/memory.stat": f"cache 5\ntotal_inactive_file {gib // 4}\n"})
+    assert cgroup_memory(v1) == (gib, gib // 4)
+    assert host_memory(v1) == (gib, gib // 4)  # smaller than any machine this runs on
+    unlimited = _cgroup(tmp_path / "max", {"memory.max": "max\n", "memory.current": "123\n"})
+    assert cgroup_memory(unlimited) is None and cgroup_memory(str(tmp_path / "none")) is None
+    vm = psutil.virtual_memory()
+    total, used = host_memory(unlimited)
+    assert total == vm.total and 0 < used <= total
