@@ -35,3 +35,26 @@ async def test_a_huge_config_is_cut_off_and_the_next_plan_works(tmp_path):
         assert again.plan is not None
     finally:
         worker.close()
+
+
+async def test_the_planner_starts_its_worker_before_the_first_plan():
+    """A deploy right after the hive starts must not wait ~5 s for the worker's imports."""
+    import asyncio
+    from pathlib import Path
+
+    from hive_apps.planning.deployment import Planner
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B"
+    planner = Planner.__new__(Planner)
+    await planner.__init__()  # Serve awaits an async constructor the same way
+    try:
+        assert planner.worker.warmed_at is None  # warming runs in the background: the constructor returns at once
+        await asyncio.wait_for(planner._warming, 120)
+        assert planner.worker.warmed_at is not None
+        warmed = set(planner.worker._pool._processes)
+        assert len(warmed) == 1
+        out = await planner.plan(ModelSpec(model_id="ok", model=str(fixture), engine="sim"), devices())
+        assert out.plan is not None, out.error
+        assert set(planner.worker._pool._processes) == warmed  # the plan ran in the worker warmed at start
+    finally:
+        planner.worker.close()
