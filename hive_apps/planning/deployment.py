@@ -8,8 +8,10 @@ model config (a million layers, a malformed header) costs at most that much CPU 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -59,6 +61,26 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                                  f"can model ({type(e).__name__}: {e})", status_code=422)
 
 
+def _worker_init() -> None:
+    """The worker never generates text: transformers imports scikit-learn (and SciPy) for assisted
+    generation only when it finds it installed, ~1-2 s and ~50 MB per worker here, so it must not."""
+    sys.modules.setdefault("sklearn", None)  # importlib's find_spec then answers "not installed"
+
+
+@contextlib.contextmanager
+def _without_main_file():
+    """A spawned child re-runs the parent's ``__main__`` file's imports (multiprocessing's main
+    fix-up); in a Serve replica that is Ray's default_worker.py, i.e. all of Ray, ~70 MB and ~1 s
+    the worker does not use. Hidden while the pool starts its process, which happens in submit()."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
 def _warm() -> None:
     """What every first plan imports whatever the model: AutoConfig, and what any family's config
     class pulls in with it (configuration_utils and auto_factory import torch: ~2 s here), so no
@@ -79,13 +101,16 @@ class PlanWorker:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init)
         return self._pool
 
     async def _ensure_warm(self) -> None:
         """A new worker imports the planner (transformers, torch) first, untimed."""
         if self._pool is None:
-            await asyncio.get_running_loop().run_in_executor(self._executor(), _warm)
+            with _without_main_file():  # the pool starts its process in this submit
+                warming = asyncio.get_running_loop().run_in_executor(self._executor(), _warm)
+            await warming
             self.warmed_at = time.time()
 
     async def warm_up(self) -> None:
