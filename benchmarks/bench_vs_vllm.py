@@ -119,6 +119,7 @@ COMPONENTS = [  # (name, substring of the command line, compared in lower case),
     ("gcs_server", "gcs_server"),
     ("dashboard agent", "dashboardagent"),
     ("runtime env agent", "runtimeenvagent"),
+    ("ray start", "bin/ray start"),  # `ray start --block` itself (its flags name the dashboard)
     ("dashboard", "dashboard"),  # the dashboard, its module processes and their forkserver
     ("dashboard", "multiprocessing.forkserver"),
     ("dashboard", "multiprocessing.resource_tracker"),
@@ -126,7 +127,6 @@ COMPONENTS = [  # (name, substring of the command line, compared in lower case),
     ("autoscaler monitor", "autoscaler/_private/monitor.py"),
     ("Ray client server", "ray.util.client.server"),
     ("vLLM API server", "vllm.entrypoints"),
-    ("ray start", "ray start"),
 ]
 
 
@@ -162,13 +162,26 @@ class Tree:
                 self.seen[p.pid] = p
         return ps
 
+    @staticmethod
+    def _cmd(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
     def name(self, p: psutil.Process) -> str:
         if p.pid not in self._names:
-            try:
-                cmd = " ".join(p.cmdline()) or p.name()
-            except psutil.Error:
-                cmd = "?"
-            self._names[p.pid] = component(cmd)
+            cmd = self._cmd(p) or "?"
+            n = component(cmd)
+            if "from multiprocessing." in cmd:  # a pool worker, forkserver or resource tracker: its parent's
+                try:
+                    parent = p.parent()
+                except psutil.Error:
+                    parent = None
+                if parent is not None:
+                    owner = self.name(parent)
+                    n = owner if owner == "dashboard" else f"{owner} (subprocess)"
+            self._names[p.pid] = n
         n = self._names[p.pid]
         if n in ("other", "other Ray worker"):  # a Ray worker takes its actor's title a moment after start
             self._names.pop(p.pid)
