@@ -416,7 +416,8 @@ def ray_bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict) -> tuple[str, dict, Path]:
+def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict,
+               settle_s: float = 0.0) -> tuple[str, dict, Path]:
     ports = {k: free_port() for k in ("gcs", "dashboard", "client", "http", "nm", "om", "metrics", "agent_http",
                                        "agent_grpc", "runtime_env")}
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))  # short: Ray's socket paths must fit 107 bytes
@@ -448,6 +449,7 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     t_health = wait_http(lambda: httpx.get(f"{url}/admin/healthz", headers=admin, timeout=5).status_code == 200,
                          300, "/admin/healthz", proc)
+    time.sleep(settle_s)  # --settle: a deploy that comes a while after the hive started
     spec = {"model_id": MODEL_ID, "model": model, "max_input_prompt_length": MAX_INPUT,
             "max_output_prompt_length": MAX_OUTPUT, "vllm_kwargs": dict(ENGINE)}
     t_post = time.time()
@@ -671,10 +673,13 @@ def print_hive_start(hive_start: dict) -> None:
               f"the hive's share {hive_start['hive_share_s']:.1f}s (target: at most 10 s)")
 
 
-def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: dict, idle_s: float) -> int:
+def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: dict, idle_s: float,
+                 settle_s: float) -> int:
     """The hive alone: the deploy's split and timeline, then every process's idle memory."""
     print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
-    _, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees)
+    _, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees, settle_s)
+    if settle_s:
+        print(f"  (the POST came {settle_s:.0f}s after /admin/healthz answered: --settle)")
     print_hive_start(hive_start)
     print(f"  timeline after the POST (from the Ray session's logs, {temp_dir}/session_latest/logs):")
     for at, what in timeline(temp_dir, hive_start["t_post"]):
@@ -703,6 +708,9 @@ def main() -> int:
                     help="extra environment for the Ray head (e.g. RAY_SERVE_ENABLE_HA_PROXY=1), repeatable")
     ap.add_argument("--json", type=Path, help="write every measured level here")
     ap.add_argument("--model", help="model folder (default: the built-in tiny model, built offline)")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds between /admin/healthz answering and the POST (default 0: at once, as a script would; "
+                         "the planner's worker is still importing transformers for ~5 s after the hive starts)")
     ap.add_argument("--startup-only", action="store_true",
                     help="start the hive alone, deploy the model, print the deploy's split and timeline and the "
                          "idle memory of every process, stop")
@@ -733,12 +741,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         if args.startup_only:
-            return startup_only(model, workdir, extra_env, trees, args.idle_seconds)
+            return startup_only(model, workdir, extra_env, trees, args.idle_seconds, args.settle)
         print("starting plain vLLM ...", flush=True)
         vllm_url, vllm_start = start_vllm(model, workdir, trees)
         print(f"  vLLM: start to first chat {vllm_start['start_to_first_chat_s']:.1f}s", flush=True)
         print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
-        hive_url, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees)
+        hive_url, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees, args.settle)
         print_hive_start(hive_start)
         print(f"  hive planned settings: {hive_start['settings']}")
         diff = compare_config(workdir, temp_dir)
