@@ -63,14 +63,14 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
 
 def _worker_init() -> None:
     """The worker never generates text: transformers imports scikit-learn (and SciPy) for assisted
-    generation only when it finds it installed, ~1-2 s and ~50 MB per worker here, so it must not."""
+    generation only when it finds it installed: ~50 MB and up to 2 s per worker here, so it must not."""
     sys.modules.setdefault("sklearn", None)  # importlib's find_spec then answers "not installed"
 
 
 @contextlib.contextmanager
 def _without_main_file():
     """A spawned child re-runs the parent's ``__main__`` file's imports (multiprocessing's main
-    fix-up); in a Serve replica that is Ray's default_worker.py, i.e. all of Ray, ~70 MB and ~1 s
+    fix-up); in a Serve replica that is Ray's default_worker.py, i.e. all of Ray: ~70 MB and 1-3 s
     the worker does not use. Hidden while the pool starts its process, which happens in submit()."""
     main = sys.modules["__main__"]
     path = main.__dict__.pop("__file__", None)
