@@ -227,10 +227,12 @@ class Tree:
         self.procs()
         if self.popen.poll() is None:
             self.popen.terminate()
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.time() + grace
+            while self.popen.poll() is None and time.time() < deadline:
+                # keep looking while it shuts down: Serve's proxy restarts HAProxy as replicas drain,
+                # and a haproxy started then outlives its parent (holding ports 8404 and 9101)
+                self.procs()
+                time.sleep(0.2)
         left = [p for p in self.seen.values() if p.is_running()]
         for p in left:
             try:
