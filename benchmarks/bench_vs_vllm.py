@@ -3,6 +3,7 @@
     python benchmarks/bench_vs_vllm.py                          # quiet box, ~12 min on 2 cores
     python benchmarks/bench_vs_vllm.py --busy-neighbour         # beside a CPU-burning process
     python benchmarks/bench_vs_vllm.py --conditions quiet,busy  # both, in one run (one startup)
+    python benchmarks/bench_vs_vllm.py --startup-only           # the hive alone: deploy split, idle memory (~1.5 min)
 
 What it does, all offline and from this project's own environment:
   1. builds the tiny random-weight chat model (``hive_apps/models/tiny.py``);
@@ -118,6 +119,7 @@ COMPONENTS = [  # (name, substring of the command line, compared in lower case),
     ("gcs_server", "gcs_server"),
     ("dashboard agent", "dashboardagent"),
     ("runtime env agent", "runtimeenvagent"),
+    ("ray start", "bin/ray start"),  # `ray start --block` itself (its flags name the dashboard)
     ("dashboard", "dashboard"),  # the dashboard, its module processes and their forkserver
     ("dashboard", "multiprocessing.forkserver"),
     ("dashboard", "multiprocessing.resource_tracker"),
@@ -125,7 +127,6 @@ COMPONENTS = [  # (name, substring of the command line, compared in lower case),
     ("autoscaler monitor", "autoscaler/_private/monitor.py"),
     ("Ray client server", "ray.util.client.server"),
     ("vLLM API server", "vllm.entrypoints"),
-    ("ray start", "ray start"),
 ]
 
 
@@ -161,13 +162,26 @@ class Tree:
                 self.seen[p.pid] = p
         return ps
 
+    @staticmethod
+    def _cmd(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
     def name(self, p: psutil.Process) -> str:
         if p.pid not in self._names:
-            try:
-                cmd = " ".join(p.cmdline()) or p.name()
-            except psutil.Error:
-                cmd = "?"
-            self._names[p.pid] = component(cmd)
+            cmd = self._cmd(p) or "?"
+            n = component(cmd)
+            if "from multiprocessing." in cmd:  # a pool worker, forkserver or resource tracker: its parent's
+                try:
+                    parent = p.parent()
+                except psutil.Error:
+                    parent = None
+                if parent is not None:
+                    owner = self.name(parent)
+                    n = owner if owner == "dashboard" else f"{owner} (subprocess)"
+            self._names[p.pid] = n
         n = self._names[p.pid]
         if n in ("other", "other Ray worker"):  # a Ray worker takes its actor's title a moment after start
             self._names.pop(p.pid)
@@ -213,10 +227,12 @@ class Tree:
         self.procs()
         if self.popen.poll() is None:
             self.popen.terminate()
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.time() + grace
+            while self.popen.poll() is None and time.time() < deadline:
+                # keep looking while it shuts down: Serve's proxy restarts HAProxy as replicas drain,
+                # and a haproxy started then outlives its parent (holding ports 8404 and 9101)
+                self.procs()
+                time.sleep(0.2)
         left = [p for p in self.seen.values() if p.is_running()]
         for p in left:
             try:
@@ -402,10 +418,11 @@ def ray_bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict) -> tuple[str, dict, Path]:
+def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict,
+               settle_s: float = 0.0) -> tuple[str, dict, Path]:
     ports = {k: free_port() for k in ("gcs", "dashboard", "client", "http", "nm", "om", "metrics", "agent_http",
                                        "agent_grpc", "runtime_env")}
-    temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))  # short: Ray's socket paths must fit 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEYS": API_KEY,
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -434,6 +451,7 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     t_health = wait_http(lambda: httpx.get(f"{url}/admin/healthz", headers=admin, timeout=5).status_code == 200,
                          300, "/admin/healthz", proc)
+    time.sleep(settle_s)  # --settle: a deploy that comes a while after the hive started
     spec = {"model_id": MODEL_ID, "model": model, "max_input_prompt_length": MAX_INPUT,
             "max_output_prompt_length": MAX_OUTPUT, "vllm_kwargs": dict(ENGINE)}
     t_post = time.time()
@@ -444,17 +462,30 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     t_chat = wait_http(lambda: first_chat(f"{url}/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"}),
                        120, "hive /v1 chat", proc)
     startup = {"ray_start_s": t_ray - t0, "serve_deploy_to_healthz_s": t_health - t_ray,
-               "post_to_ready_s": t_ready - t_post, "start_to_first_chat_s": t_chat - t0,
+               "post_to_ready_s": t_ready - t_post, "start_to_first_chat_s": t_chat - t0, "t_post": t_post,
                "settings": r.json()["replicas"]["r0"]["settings"]}
     startup.update(deploy_split(tree, temp_dir, t_post, t_ready))
     return url, startup, temp_dir
 
 
-ENGINE_READY = re.compile(r"engine \S+ ready: constructor at ([\d.]+), vLLM start ([\d.]+)s, first request ([\d.]+)s")
+ENGINE_READY = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*engine \S+ ready: constructor at ([\d.]+), "
+                          r"vLLM start ([\d.]+)s, first request ([\d.]+)s")
+
+
+def log_time(stamp: str) -> float:
+    """A Ray/Serve log line's local timestamp as epoch seconds."""
+    import datetime
+
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def deploy_split(tree: Tree, temp_dir: Path, t_post: float, t_ready: float) -> dict:
-    """``POST /admin/models`` to ready, split by the engine replica's own timestamps and its process start."""
+    """``POST /admin/models`` to ready, split by the engine replica's own timestamps and its process start.
+
+    The engine's ready line says when its constructor began and how long vLLM's engine took from
+    the moment the replica holds its start lock; the line's own timestamp says when it was
+    written, so what lies between is the constructor importing vLLM (and waiting for the lock).
+    """
     out: dict = {}
     replicas = tree.find(f"ServeReplica:{MODEL_ID}:engine-r0")
     m = None
@@ -464,18 +495,89 @@ def deploy_split(tree: Tree, temp_dir: Path, t_post: float, t_ready: float) -> d
     if not replicas or m is None:
         return {"split": "the engine replica's process or its ready line was not found"}
     created = replicas[0].create_time()
-    init_at, vllm_s, warm_s = float(m[1]), float(m[2]), float(m[3])
+    ready_at, init_at, vllm_s, warm_s = log_time(m[1]), float(m[2]), float(m[3]), float(m[4])
+    imports_s = max(0.0, ready_at - init_at - vllm_s - warm_s)
     spawn = max(created, t_post)
     out["split"] = {
         "serve scheduling (POST -> replica process)": spawn - t_post,
         "process start (-> engine constructor)": init_at - spawn,
+        "vLLM imports and start lock (constructor -> vLLM start)": imports_s,
         "vLLM's own start": vllm_s,
         "warm-up (first request)": warm_s,
-        "rest (HTTP port, admin noticing ready)": t_ready - (init_at + vllm_s + warm_s),
+        "rest (HTTP port, Serve marks it running, admin notices)": t_ready - ready_at,
     }
+    out["vllm_own_s"] = imports_s + vllm_s + warm_s
+    out["hive_share_s"] = (t_ready - t_post) - out["vllm_own_s"]
     if created < t_post:
         out["split_note"] = "the replica ran in a worker process Ray had started before the deploy"
     return out
+
+
+HEAVY_LIBS = {"torch": "/torch/lib/", "vllm": "/vllm/_C", "transformers": "/tokenizers/", "pandas": "/pandas/_libs/",
+              "pyarrow": "/pyarrow/"}
+
+
+def memory_by_process(tree: Tree) -> list[dict]:
+    """RSS, USS and PSS of every live process of the tree, with the heavy native libraries each has
+    mapped (read from /proc/<pid>/maps: what a process imported, seen from outside)."""
+    out = []
+    for p in tree.procs():
+        try:
+            mi = p.memory_full_info()
+            title = " ".join(p.cmdline())[:60] or p.name()
+            maps = Path(f"/proc/{p.pid}/maps").read_text(errors="replace")
+        except (psutil.Error, OSError):
+            continue
+        libs = [k for k, needle in HEAVY_LIBS.items() if needle in maps]
+        out.append({"pid": p.pid, "component": tree.name(p), "title": title, "rss": mi.rss, "uss": mi.uss,
+                    "pss": mi.pss, "libs": libs})
+    return sorted(out, key=lambda r: -r["pss"])
+
+
+def print_memory(tree: Tree) -> None:
+    rows = memory_by_process(tree)
+    print(table(["component", "process", "RSS MiB", "USS MiB", "PSS MiB", "heavy libraries mapped"], [
+        [r["component"], r["title"], f"{r['rss'] / MiB:.0f}", f"{r['uss'] / MiB:.0f}", f"{r['pss'] / MiB:.0f}",
+         ",".join(r["libs"]) or "-"] for r in rows]))
+    beyond = [r for r in rows if r["component"] not in ENGINE_PROCESSES]
+    for key in ("rss", "uss", "pss"):
+        print(f"  {key.upper()} beyond the engine processes: {sum(r[key] for r in beyond) / 2**30:.2f} GiB "
+              f"in {len(beyond)} processes (all: {sum(r[key] for r in rows) / 2**30:.2f} GiB in {len(rows)})")
+    dash = [r for r in beyond if r["component"].startswith("dashboard")]
+    print(f"  of which the Ray dashboard and its agent: PSS {sum(r['pss'] for r in dash) / 2**30:.2f} GiB "
+          f"in {len(dash)} processes")
+
+
+LOG_TS = re.compile(r"^(?:\S+ )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+TIMELINE = [  # (file glob under logs/, what the line says, regex)
+    ("serve/replica_hive-planner_*.log", "planner: first plan answered", r"-- CALL \S+ OK"),
+    ("serve/controller_*.log", "controller: replica of engine-r0 starting", r"Adding 1 replica to Deployment\(name='engine-r0'"),
+    ("serve/controller_*.log", "controller: router starting", rf"Adding 1 replica to Deployment\(name='router', app='{MODEL_ID}'"),
+    ("serve/replica_*engine-r0*.log", "engine: Serve starts the replica (constructor)", r"Started initializing replica"),
+    ("worker-*.err", "engine: ready line (vLLM started, warm-up done)", rf"engine {MODEL_ID}/r0 ready:"),
+    ("worker-*.err", "engine: HTTP port open", r"engine HTTP server on"),
+    ("serve/controller_*.log", "controller: engine-r0 replica running", r"Replica\(id='[^']+', deployment='engine-r0'.*started successfully"),
+    ("worker-*.err", "admin: first info() answered", r"CALL info OK"),
+]
+
+
+def timeline(temp_dir: Path, t_post: float) -> list[tuple[float, str]]:
+    """The first log line of each step of a deploy, in seconds after the POST (Serve's log format)."""
+    logs = temp_dir / "session_latest" / "logs"
+    out = []
+    for glob, what, rx in TIMELINE:
+        found = None
+        for f in logs.glob(glob):
+            for line in f.read_text(errors="replace").splitlines():
+                if re.search(rx, line):
+                    m = LOG_TS.search(line)
+                    if m:
+                        ts = log_time(m[1])
+                        found = ts if found is None else min(found, ts)
+                    break
+        if found is not None:
+            out.append((found - t_post, what))
+    return sorted(out)
 
 
 def config_line(text: str) -> str | None:
@@ -556,6 +658,41 @@ def report(levels: list[Level], targets: list[Target], conditions: list[str], ro
         print(table(["process", *[t.name for t in targets]], rows))
 
 
+def print_hive_start(hive_start: dict) -> None:
+    print(f"  hive: ray start {hive_start['ray_start_s']:.1f}s, serve deploy -> /admin/healthz "
+          f"{hive_start['serve_deploy_to_healthz_s']:.1f}s, POST /admin/models -> ready "
+          f"{hive_start['post_to_ready_s']:.1f}s, start to first chat {hive_start['start_to_first_chat_s']:.1f}s")
+    split = hive_start.get("split")
+    if isinstance(split, dict):
+        for k, v in split.items():
+            print(f"    {k}: {v:.1f}s")
+    else:
+        print(f"    split: {split}")
+    if hive_start.get("split_note"):
+        print(f"    ({hive_start['split_note']})")
+    if "hive_share_s" in hive_start:
+        print(f"    vLLM's own share (imports, engine start, warm-up) {hive_start['vllm_own_s']:.1f}s; "
+              f"the hive's share {hive_start['hive_share_s']:.1f}s (target: at most 10 s)")
+
+
+def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: dict, idle_s: float,
+                 settle_s: float) -> int:
+    """The hive alone: the deploy's split and timeline, then every process's idle memory."""
+    print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
+    _, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees, settle_s)
+    if settle_s:
+        print(f"  (the POST came {settle_s:.0f}s after /admin/healthz answered: --settle)")
+    print_hive_start(hive_start)
+    print(f"  timeline after the POST (from the Ray session's logs, {temp_dir}/session_latest/logs):")
+    for at, what in timeline(temp_dir, hive_start["t_post"]):
+        print(f"    {at:6.1f}s  {what}")
+    print(f"    {hive_start['post_to_ready_s']:6.1f}s  POST /admin/models?wait=true answered")
+    time.sleep(idle_s)
+    print(f"\nidle memory by process, {idle_s:.0f}s after the first chat:")
+    print_memory(trees["hive"])
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds measured per level (default 8)")
@@ -573,6 +710,12 @@ def main() -> int:
                     help="extra environment for the Ray head (e.g. RAY_SERVE_ENABLE_HA_PROXY=1), repeatable")
     ap.add_argument("--json", type=Path, help="write every measured level here")
     ap.add_argument("--model", help="model folder (default: the built-in tiny model, built offline)")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds between /admin/healthz answering and the POST (default 0: at once, as a script would; "
+                         "the planner's worker is still importing transformers for ~5 s after the hive starts)")
+    ap.add_argument("--startup-only", action="store_true",
+                    help="start the hive alone, deploy the model, print the deploy's split and timeline and the "
+                         "idle memory of every process, stop")
     args = ap.parse_args()
     conditions = ["busy"] if args.busy_neighbour else args.conditions.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -599,20 +742,14 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
+        if args.startup_only:
+            return startup_only(model, workdir, extra_env, trees, args.idle_seconds, args.settle)
         print("starting plain vLLM ...", flush=True)
         vllm_url, vllm_start = start_vllm(model, workdir, trees)
         print(f"  vLLM: start to first chat {vllm_start['start_to_first_chat_s']:.1f}s", flush=True)
         print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
-        hive_url, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees)
-        print(f"  hive: ray start {hive_start['ray_start_s']:.1f}s, serve deploy -> /admin/healthz "
-              f"{hive_start['serve_deploy_to_healthz_s']:.1f}s, POST /admin/models -> ready "
-              f"{hive_start['post_to_ready_s']:.1f}s, start to first chat {hive_start['start_to_first_chat_s']:.1f}s")
-        for k, v in (hive_start.get("split") or {}).items() if isinstance(hive_start.get("split"), dict) else []:
-            print(f"    {k}: {v:.1f}s")
-        if not isinstance(hive_start.get("split"), dict):
-            print(f"    split: {hive_start.get('split')}")
-        if hive_start.get("split_note"):
-            print(f"    ({hive_start['split_note']})")
+        hive_url, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees, args.settle)
+        print_hive_start(hive_start)
         print(f"  hive planned settings: {hive_start['settings']}")
         diff = compare_config(workdir, temp_dir)
         print("  vLLM engine config line: " + ("identical in both" if not diff else "differs:\n    " + "\n    ".join(diff)))

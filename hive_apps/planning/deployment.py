@@ -8,8 +8,11 @@ model config (a million layers, a malformed header) costs at most that much CPU 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
+import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -58,6 +61,26 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                                  f"can model ({type(e).__name__}: {e})", status_code=422)
 
 
+def _worker_init() -> None:
+    """The worker never generates text: transformers imports scikit-learn (and SciPy) for assisted
+    generation only when it finds it installed: ~50 MB and up to 2 s per worker here, so it must not."""
+    sys.modules.setdefault("sklearn", None)  # importlib's find_spec then answers "not installed"
+
+
+@contextlib.contextmanager
+def _without_main_file():
+    """A spawned child re-runs the parent's ``__main__`` file's imports (multiprocessing's main
+    fix-up); in a Serve replica that is Ray's default_worker.py, i.e. all of Ray: ~70 MB and 1-3 s
+    the worker does not use. Hidden while the pool starts its process, which happens in submit()."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
 def _warm() -> None:
     """What every first plan imports whatever the model: AutoConfig, and what any family's config
     class pulls in with it (configuration_utils and auto_factory import torch: ~2 s here), so no
@@ -74,13 +97,34 @@ class PlanWorker:
         self.timeout_s = timeout_s
         self._pool: ProcessPoolExecutor | None = None
         self._one_at_a_time = asyncio.Lock()  # the deadline counts a plan's own time, not its queue
+        self.warmed_at: float | None = None  # when the current worker finished its imports
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init)
         return self._pool
 
+    async def _ensure_warm(self) -> None:
+        """A new worker imports the planner (transformers, torch) first, untimed."""
+        if self._pool is None:
+            with _without_main_file():  # the pool starts its process in this submit
+                warming = asyncio.get_running_loop().run_in_executor(self._executor(), _warm)
+            await warming
+            self.warmed_at = time.time()
+
+    async def warm_up(self) -> None:
+        """Start the worker and its imports now, so the first plan (a deploy, a wake) does not wait
+        for them: ~5 s on a 2-core box, most of the hive's own share of a deploy's time."""
+        try:
+            async with self._one_at_a_time:
+                await self._ensure_warm()
+        except Exception as e:  # the first plan starts another worker and reports what fails
+            log.warning("warming the plan worker failed (the first plan starts a new one): %r", e)
+            self._replace()
+
     def _replace(self) -> None:
+        self.warmed_at = None
         pool, self._pool = self._pool, None
         if pool is not None:
             for proc in list(getattr(pool, "_processes", {}).values()):
@@ -92,8 +136,7 @@ class PlanWorker:
         loop = asyncio.get_running_loop()
         try:
             async with self._one_at_a_time:
-                if self._pool is None:  # a new worker imports the planner (transformers) first, untimed
-                    await loop.run_in_executor(self._executor(), _warm)
+                await self._ensure_warm()
                 return await asyncio.wait_for(
                     loop.run_in_executor(self._executor(), plan_or_error, spec, devices, pending, as_asked), self.timeout_s)
         except asyncio.TimeoutError:
@@ -110,8 +153,9 @@ class PlanWorker:
 
 
 class Planner:
-    def __init__(self):
+    async def __init__(self):
         self.worker = PlanWorker(get_settings().plan_timeout_s)
+        self._warming = asyncio.get_running_loop().create_task(self.worker.warm_up())
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
                    pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:

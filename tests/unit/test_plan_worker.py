@@ -35,3 +35,52 @@ async def test_a_huge_config_is_cut_off_and_the_next_plan_works(tmp_path):
         assert again.plan is not None
     finally:
         worker.close()
+
+
+async def test_the_planner_starts_its_worker_before_the_first_plan():
+    """A deploy right after the hive starts must not wait ~5 s for the worker's imports."""
+    import asyncio
+    from pathlib import Path
+
+    from hive_apps.planning.deployment import Planner
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B"
+    planner = Planner.__new__(Planner)
+    await planner.__init__()  # Serve awaits an async constructor the same way
+    try:
+        assert planner.worker.warmed_at is None  # warming runs in the background: the constructor returns at once
+        await asyncio.wait_for(planner._warming, 120)
+        assert planner.worker.warmed_at is not None
+        warmed = set(planner.worker._pool._processes)
+        assert len(warmed) == 1
+        out = await planner.plan(ModelSpec(model_id="ok", model=str(fixture), engine="sim"), devices())
+        assert out.plan is not None, out.error
+        assert set(planner.worker._pool._processes) == warmed  # the plan ran in the worker warmed at start
+    finally:
+        planner.worker.close()
+
+
+async def test_the_worker_loads_neither_the_replicas_main_file_nor_scikit_learn(tmp_path, monkeypatch):
+    """In a Serve replica ``__main__`` is Ray's worker script: a spawned child would import all of Ray
+    again. And transformers would import scikit-learn, which planning never uses."""
+    import importlib.util
+    import sys
+    import types
+
+    marker = tmp_path / "main-ran"
+    main_file = tmp_path / "fake_worker_main.py"
+    main_file.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    fake_main = types.ModuleType("__main__")
+    fake_main.__file__ = str(main_file)
+    fake_main.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    worker = PlanWorker(timeout_s=30)
+    try:
+        await worker.warm_up()
+        assert worker.warmed_at is not None
+        assert fake_main.__file__ == str(main_file)  # restored once the process started
+        assert not marker.exists()
+        assert worker._pool.submit(importlib.util.find_spec, "sklearn").result(30) is None
+        assert worker._pool.submit(importlib.util.find_spec, "json").result(30) is not None
+    finally:
+        worker.close()
