@@ -11,12 +11,13 @@ One engine serves the whole module."""
 
 import base64
 import io
+import re
 import time
 
 import pytest
 
 from hive_apps.models.tiny_vlm import IMAGE_SEQ_LEN
-from tests.harness import openai_clients
+from tests.harness import openai_clients, run_example
 
 pytestmark = pytest.mark.engine
 
@@ -98,3 +99,15 @@ def test_more_images_than_the_limit_is_a_400_that_says_so(hive, vlm):
         err = r.json()["error"]
         assert f"At most {LIMIT} image" in err["message"], err
         assert err["type"] and (err.get("code") or err.get("param"))
+
+
+def test_vision_example(hive, vlm):
+    """examples/vision.py as a user runs it, against this deploy (no second engine)."""
+    out = run_example(hive, "vision.py", "--use", "vlm", "--images", str(LIMIT))
+    base = int(re.search(r"^text only: (\d+) prompt tokens", out, re.M)[1])
+    for route in ("/v1", "/vlm/v1"):
+        assert re.search(rf"^one image via {route}: {base + PER_IMAGE} prompt tokens \(\+{PER_IMAGE} for the image\)",
+                         out, re.M), out
+    assert f"{LIMIT} images: 200, {base + LIMIT * PER_IMAGE} prompt tokens" in out, out
+    assert re.search(rf"^{LIMIT + 1} images \(over limit_mm_per_prompt\): 400 'At most {LIMIT} image", out, re.M), out
+    assert "remote URL: 400 'fetching remote media is off on this hive" in out, out
