@@ -2,8 +2,8 @@
 talking HTTP to the simulated cluster's hive, with the sim engine and the fixture models.
 
 Elsewhere or not in CI: vision.py runs on a real engine in tests/engine/test_multimodal.py (the
-tiny Idefics3); mm_embeddings.py needs a multimodal embedding model's real weights (CLIP,
-SigLIP). audio.py and video.py run here on the sim engine: the request path and the hive's
+tiny Idefics3) and mm_embeddings.py against the same checkpoint run as an embedder (random
+weights: the vectors and ranks are real computations, not meaningful ones). audio.py and video.py run here on the sim engine: the request path and the hive's
 remote-media rule are real, the model is not (a real audio or video model needs a GPU)."""
 
 from __future__ import annotations
