@@ -143,11 +143,10 @@ def data_url(path: Path, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
-def try_chat(model_id: str, content: list[dict], max_tokens: int = 16, route: str | None = None) -> tuple[int, str, dict]:
-    """One chat over plain HTTP: ``(status, answer or error message, usage)``, so an example can
-    show what the hive refuses as well as what it answers."""
-    base = f"{URL}/{route}/v1" if route else f"{URL}/v1"
-    r = httpx.post(f"{base}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300,
+def try_chat(model_id: str, content: list[dict], max_tokens: int = 16) -> tuple[int, str, dict]:
+    """One chat on /v1 over plain HTTP: ``(status, answer or error message, usage)``, so an example
+    can show what the hive refuses as well as what it answers."""
+    r = httpx.post(f"{URL}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300,
                    json={"model": model_id, "max_tokens": max_tokens,
                          "messages": [{"role": "user", "content": content}]})
     body = r.json()

