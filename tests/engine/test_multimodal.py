@@ -113,3 +113,15 @@ def test_vision_example(hive, vlm):
     assert re.search(rf"^{LIMIT + 1} images \(over limit_mm_per_prompt\): 400 'At most {LIMIT} image", out, re.M), out
     assert "remote URL: 400 'fetching remote media is off on this hive" in out, out
 
+
+
+def test_media_the_model_cannot_take_is_a_400(hive, vlm):
+    """Not a 500: a modality the model has no tower for, and an image that is not one."""
+    wav = "data:audio/wav;base64," + base64.b64encode(b"RIFF\x24\x00\x00\x00WAVEfmt ").decode()
+    cases = [({"type": "audio_url", "audio_url": {"url": wav}}, "At most 0 audio(s)"),
+             ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "At most 0 video(s)"),
+             ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "Failed to load image")]
+    for part, said in cases:
+        body = {"model": "vlm", "max_tokens": 2, "messages": [{"role": "user", "content": [part, QUESTION]}]}
+        r = hive.api.post("/vlm/v1/chat/completions", json=body)
+        assert r.status_code == 400 and said in r.json()["error"]["message"], r.text
