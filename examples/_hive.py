@@ -11,11 +11,13 @@ because users talk to a hive over HTTP. Environment:
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -122,3 +124,38 @@ def accelerators(client: httpx.Client) -> list[dict]:
 
 def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def media_file(kind: str) -> Path:
+    """A fixture from examples/media/ (``png``, ``wav``, ``mp4``), made by make_media.py when missing."""
+    from media.make_media import HERE, make_all
+
+    name = {"png": "shapes.png", "wav": "tone.wav", "mp4": "clip.mp4"}[kind]
+    if not (HERE / name).exists():
+        make_all()
+    if not (HERE / name).exists():
+        sys.exit(f"examples/media/{name} could not be made (an mp4 needs opencv-python-headless)")
+    return HERE / name
+
+
+def data_url(path: Path, mime: str) -> str:
+    """The file inline, as the OpenAI API takes media: no server-side fetch."""
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def try_chat(model_id: str, content: list[dict], max_tokens: int = 16) -> tuple[int, str, dict]:
+    """One chat on /v1 over plain HTTP: ``(status, answer or error message, usage)``, so an example
+    can show what the hive refuses as well as what it answers."""
+    r = httpx.post(f"{URL}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300,
+                   json={"model": model_id, "max_tokens": max_tokens,
+                         "messages": [{"role": "user", "content": content}]})
+    body = r.json()
+    if r.status_code != 200:
+        return r.status_code, body["error"]["message"], {}
+    return 200, body["choices"][0]["message"]["content"], body["usage"]
+
+
+def remote_media(model_id: str, part: dict, question: str) -> None:
+    """A media part by URL: the hive fetches remote media only from HIVE_MEDIA_HOSTS (README "Multimodal")."""
+    status, text, _ = try_chat(model_id, [part, {"type": "text", "text": question}])
+    print(f"remote URL: {status} {text!r}")

@@ -132,3 +132,15 @@ def openai_clients(hive: Hive, model_id: str, async_: bool = False) -> list:
 
     cls = openai.AsyncOpenAI if async_ else openai.OpenAI
     return [cls(base_url=f"{hive.url}/v1", api_key=API_KEY), cls(base_url=f"{hive.url}/{model_id}/v1", api_key=API_KEY)]
+
+
+def run_example(hive: Hive, script: str, *args: str, timeout: float = 120, **env: str) -> str:
+    """Run examples/<script> as a user would (a subprocess talking HTTP to ``hive``); its stdout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "HIVE_URL": hive.url, "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEY": API_KEY, **env})
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout

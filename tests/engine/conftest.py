@@ -3,12 +3,18 @@ import time
 import pytest
 
 from hive_apps.models.tiny import build_tiny_model
+from hive_apps.models.tiny_vlm import build_tiny_vlm
 from tests.harness import start_hive, stop_hive
 
 
 @pytest.fixture(scope="package")
 def tiny_model(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-chat"))
+
+
+@pytest.fixture(scope="package")
+def tiny_vlm_model(tmp_path_factory) -> str:
+    return str(build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm"))
 
 
 @pytest.fixture(scope="package")
