@@ -136,13 +136,17 @@ def build_tiny_model(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
         torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    save_weights(Qwen2ForCausalLM(config).to(torch.bfloat16), out, ids)
+    return out
+
+
+def save_weights(model, out: Path, ids: dict[str, int]) -> None:
+    """Safetensors, and a generation config that stops at the chat template's end of turn."""
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").write_text(json.dumps({
         "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
         "pad_token_id": ids["<|endoftext|>"],
     }))
-    return out
 
 
 def main() -> None:

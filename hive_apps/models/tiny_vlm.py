@@ -23,10 +23,9 @@ head_dim 32 on the text side (vLLM's CPU attention accepts 32, 64, 80, ...).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from hive_apps.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
+from hive_apps.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, save_weights, train_tokenizer
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SPECIALS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"] + [
@@ -79,12 +78,7 @@ def build_tiny_vlm(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 
                             pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
     config.dtype = "bfloat16"
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    (out / "generation_config.json").write_text(json.dumps({
-        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-        "pad_token_id": ids["<|endoftext|>"],
-    }))
+    save_weights(Idefics3ForConditionalGeneration(config).to(torch.bfloat16), out, ids)
     return out
 
 
