@@ -59,6 +59,29 @@ def fake_embedding(text: str) -> list[float]:
     return [v / norm for v in vals]
 
 
+MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
+SIM_TOKENS_PER_ITEM = 64  # what one image, audio clip or video costs in the prompt (the sim has no encoder)
+
+
+def chat_prompt(messages: list, limits: dict[str, int]) -> int | str:
+    """Prompt tokens of a chat: ~4 characters of text per token plus SIM_TOKENS_PER_ITEM per media
+    item; or, like vLLM, why it is refused when a modality passes ``limit_mm_per_prompt``."""
+    chars, items = 0, {}
+    for m in messages:
+        content = m.get("content", "") if isinstance(m, dict) else ""
+        parts = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
+        for part in parts:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                items[MEDIA_PARTS[kind]] = items.get(MEDIA_PARTS[kind], 0) + 1
+            else:
+                chars += len(str(part.get("text", "") if isinstance(part, dict) else part))
+    for modality, n in items.items():
+        if n > limits.get(modality, 0):
+            return f"At most {limits.get(modality, 0)} {modality}(s) may be provided in one prompt."
+    return max(1, chars // 4) + SIM_TOKENS_PER_ITEM * sum(items.values())
+
+
 class SimMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -281,8 +304,10 @@ class SimEngine(EngineBase):
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return openai_error(400, "'messages' must be a non-empty list", param="messages")
-            text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            return await respond(body, [count_tokens(text)], "chat")
+            prompt = chat_prompt(messages, engine.replica.engine_kwargs.get("limit_mm_per_prompt") or {})
+            if isinstance(prompt, str):
+                return openai_error(400, prompt, param="messages")
+            return await respond(body, [prompt], "chat")
 
         @app.post("/v1/completions")
         async def completions(request: Request):

@@ -197,3 +197,18 @@ async def test_an_engine_on_a_cpu_or_without_sleep_mode_cannot_sleep_in_place():
     assert not e.can_sleep()
     with pytest.raises(RuntimeError, match="park it"):
         await e.sleep(1)
+
+
+async def test_chat_media_costs_tokens_per_item_and_respects_the_limit_per_prompt():
+    from hive_apps.engine.sim_engine import SIM_TOKENS_PER_ITEM
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40000}}
+    e = await engine(sim_tokens_per_s=2000, limit_mm_per_prompt={"image": 1})
+    ask = lambda *parts: e.call_json("/v1/chat/completions", {  # noqa: E731
+        "model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": [*parts]}]})
+    status, body = await ask({"type": "text", "text": "what is this? " * 4}, image)
+    assert status == 200 and body["usage"]["prompt_tokens"] == 14 + SIM_TOKENS_PER_ITEM  # not the base64's length
+    status, body = await ask(image, image)
+    assert status == 400 and body["error"]["message"] == "At most 1 image(s) may be provided in one prompt."
+    status, body = await ask({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}})
+    assert status == 400 and "At most 0 audio(s)" in body["error"]["message"]
