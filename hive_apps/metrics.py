@@ -158,7 +158,7 @@ def model_samples(records: Iterable["ModelRecord"]) -> list[Sample]:
     for rec in records:
         for st in ModelStatus:
             out.append(sample("hive_model_status", 1 if rec.status is st else 0, model=rec.model_id, status=st.value))
-        live = [rp for rp in rec.plan.replicas if f"r{rp.index}" not in rec.lost_replicas] if rec.holds_memory else []
+        live = rec.live_replicas if rec.holds_memory else []
         out.append(sample("hive_model_planned_seqs", sum(rp.settings.max_num_seqs for rp in live), model=rec.model_id))
         out.append(sample("hive_model_replicas", len(live), model=rec.model_id))
     return out

@@ -97,8 +97,7 @@ class Lifecycle(ControlPlane):
     async def read(self, rec: ModelRecord, now: float, indices: list[int] | None = None) -> Activity | None:
         """Sum the engines' own counts; None when some replica does not answer (no decision then).
         ``indices``: only these replicas (a drain of one), not folded into the model's activity."""
-        live = indices if indices is not None else [
-            rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        live = indices if indices is not None else [rp.index for rp in rec.live_replicas]
         loads = await self._loads(rec, live)
         failed = next((ld for ld in loads if isinstance(ld, Exception)), None)
         if failed is not None:

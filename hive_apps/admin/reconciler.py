@@ -212,20 +212,16 @@ class Reconciler(ControlPlane):
             else:
                 await self._ask("dozed", rec, version=rec.version)
                 return None
-        await self._park_app(rec)
-        await self._ask("parked", rec)
+        await self._park(rec)
         return None
 
-    def _live(self, rec: ModelRecord) -> list[int]:
-        return [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
-
     async def _can_sleep_in_place(self, rec: ModelRecord) -> bool:
-        infos = await self._engine_infos(rec, self._live(rec))
+        infos = await self._engine_infos(rec, [rp.index for rp in rec.live_replicas])
         return bool(infos) and all(info is not None and info.get("can_sleep") for info in infos.values())
 
     async def _each_engine(self, rec: ModelRecord, call) -> dict[str, Any]:
         """``call(handle)`` on every live engine at once; the first failure raises."""
-        live = self._live(rec)
+        live = [rp.index for rp in rec.live_replicas]
         results = await asyncio.gather(*(asyncio.wait_for(call(self.cluster.engine_handle(rec.model_id, i)),
                                                           SLEEP_TIMEOUT_S) for i in live))
         return {names.replica_label(i): r for i, r in zip(live, results)}
@@ -237,12 +233,16 @@ class Reconciler(ControlPlane):
             woke = await self._each_engine(rec, lambda engine: engine.wake_up.remote())
         except Exception as e:
             log.warning("%s: waking in place failed (%s); starting its engines again", rec.model_id, e)
-            await self._park_app(rec)
-            await self._ask("parked", rec)
+            await self._park(rec)
             return 0.0
         await self._ask("started", rec, version=rec.version, wake_s={k: w["wake_s"] for k, w in woke.items()},
                         warm_up_s={k: w["warm_up_s"] for k, w in woke.items()})
         return 0.0
+
+    async def _park(self, rec: ModelRecord) -> None:
+        """Remove its engines and record it parked (its memory, host RAM included, is released)."""
+        await self._park_app(rec)
+        await self._ask("parked", rec)
 
     async def _park_app(self, rec: ModelRecord) -> None:
         await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
@@ -258,8 +258,7 @@ class Reconciler(ControlPlane):
         # with load-driven replicas, the fewest wake first; load adds the others
         if rec.sleeps_in_place and rec.lost_replicas:
             log.info("%s: replicas %s were lost while it slept; starting it again", rec.model_id, sorted(rec.lost_replicas))
-            await self._park_app(rec)
-            await self._ask("parked", rec)
+            await self._park(rec)
             return 0.0
         bounds = rec.spec.replica_bounds
         spec = rec.spec if bounds is None or rec.sleeps_in_place else rec.spec.model_copy(update={"replicas": bounds[0]})
@@ -269,8 +268,7 @@ class Reconciler(ControlPlane):
             # its devices could never take it; else wait for a request on them to end
             if not room.blocked or (await self.planner.plan.remote(spec, await self.registry.capacities.remote())).plan:
                 log.info("%s: no room where its engines sleep (%s); starting it again elsewhere", rec.model_id, room.error)
-                await self._park_app(rec)
-                await self._ask("parked", rec)
+                await self._park(rec)
                 return 0.0
             message = f"waking: {room.error}; waiting for their requests to end"
             if rec.message != message:
@@ -306,7 +304,7 @@ class Reconciler(ControlPlane):
             await self._build(rec)
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
-        live = [rp.index for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        live = [rp.index for rp in rec.live_replicas]
         fresh = rec.status in (ModelStatus.DEPLOYING, ModelStatus.WAKING)  # every live replica starts
         if fresh and not live:
             what = "deploy" if rec.status is ModelStatus.DEPLOYING else "wake"

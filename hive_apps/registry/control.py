@@ -291,7 +291,7 @@ class ModelBook:
         rec = self._current(model_id, "doze", version, (ModelStatus.SLEEPING,))
         if not rec.resident or rec.sleep_mode is not None:
             raise TransitionError(f"doze: {model_id!r} is not a drained, resident model deciding how to sleep")
-        live = [rp for rp in rec.plan.replicas if names.replica_label(rp.index) not in rec.lost_replicas]
+        live = rec.live_replicas
         host = [Reservation.on_host(model_id, rp) for rp in live]
         try:
             self.ledger.reserve(host)
@@ -492,18 +492,14 @@ class ModelBook:
         for rec in self.records.values():
             if not rec.holds_memory:
                 continue
-            for rp in rec.plan.replicas:
-                if names.replica_label(rp.index) in rec.lost_replicas:
-                    continue
+            for rp in rec.live_replicas:
                 r = Reservation.for_replica(rec.model_id, rp, measured.get(names.replica_key(rec.model_id, rp.index)))
                 if (rec.status in SERVING or rec.status is ModelStatus.SLEEPING) and rp.index not in rec.healing_replicas:
                     r.state = ReservationState.ACTIVE
                 self.ledger.reservations[r.key] = r
         for rec in self.records.values():  # level-1 sleepers' weights in host RAM
             if rec.status in DORMANT and rec.sleep_mode is SleepMode.LEVEL1:
-                for rp in rec.plan.replicas:
-                    if names.replica_label(rp.index) not in rec.lost_replicas:
-                        r = Reservation.on_host(rec.model_id, rp)
-                        self.ledger.reservations[r.key] = r
+                for r in (Reservation.on_host(rec.model_id, rp) for rp in rec.live_replicas):
+                    self.ledger.reservations[r.key] = r
         self.version += 1
         return list(self.ledger.reservations.values())

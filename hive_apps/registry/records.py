@@ -155,6 +155,11 @@ class ModelRecord(BaseModel):
         return self.woke_at or self.ready_at or self.created_at
 
     @property
+    def live_replicas(self) -> list[ReplicaPlan]:
+        """The planned replicas whose node has not died."""
+        return [rp for rp in self.plan.replicas if names.replica_label(rp.index) not in self.lost_replicas]
+
+    @property
     def sleeps_in_place(self) -> bool:
         """Its engines stay on their devices while it sleeps (vLLM sleep level 1 or 2)."""
         return self.sleep_mode is not None and self.sleep_mode.keeps_engine
