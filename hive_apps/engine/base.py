@@ -84,7 +84,7 @@ class EngineBase:
 
     def __init__(self) -> None:
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
-        self._sleep_lock: asyncio.Lock | None = None  # one sleep or wake at a time (a new admin may ask again)
+        self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
         self.answer: Any = None  # the first warm-up's greedy answer: every wake must give it again
         self.last_answer: Any = None
         self.in_flight = 0
@@ -190,21 +190,16 @@ class EngineBase:
         if not self.can_sleep():
             raise RuntimeError("this engine has no sleep mode (vLLM on CPU, or not started with it): park it")
         t0 = time.perf_counter()
-        async with self._lock():
+        async with self._sleep_lock:
             if not self.sleep_level:
                 await self._sleep(level)
                 self.sleep_level = level
         return time.perf_counter() - t0
 
-    def _lock(self) -> asyncio.Lock:
-        if self._sleep_lock is None:
-            self._sleep_lock = asyncio.Lock()
-        return self._sleep_lock
-
     async def wake_up(self) -> dict[str, float]:
         """Take the device memory back, warm up, and check that the model answers as it did before
         it slept; an engine that answers otherwise must be restarted. Idempotent."""
-        async with self._lock():
+        async with self._sleep_lock:
             t0 = time.perf_counter()
             if self.sleep_level:
                 await self._wake_up()

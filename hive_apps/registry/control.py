@@ -306,7 +306,7 @@ class ModelBook:
     def dozed(self, model_id: str, version: int, now: float) -> Change:
         """Its engines sleep: their device memory is free (the weights of level 1 are in host RAM)."""
         rec = self._current(model_id, "dozed", version, (ModelStatus.SLEEPING,))
-        if not rec.resident or rec.sleep_mode is None or not rec.sleep_mode.keeps_engine:
+        if not rec.resident or not rec.sleeps_in_place:
             raise TransitionError(f"dozed: {model_id!r} is not dozing")
         forgotten = self._release_devices(model_id)
         rec.resident, rec.drift = False, {}
@@ -352,7 +352,7 @@ class ModelBook:
         rec = self._current(model_id, "placed", version, (ModelStatus.WAKING,))
         if rec.resident:
             raise TransitionError(f"placed: {model_id!r} still holds its memory (not parked)")
-        in_place = rec.sleep_mode is not None and rec.sleep_mode.keeps_engine
+        in_place = rec.sleeps_in_place
         if in_place and [rp.devices for rp in plan.replicas] != [rp.devices for rp in rec.plan.replicas]:
             raise TransitionError(f"placed: {model_id!r} sleeps in place; it wakes only on its own devices")
         try:
@@ -372,7 +372,7 @@ class ModelBook:
         """No room, or its engine did not start: back to sleep; held requests get 503. An engine
         asleep in place keeps sleeping (and its weights in host RAM); a parked one holds nothing."""
         rec = self._current(model_id, "wake_failed", version, (ModelStatus.WAKING,))
-        in_place = rec.sleep_mode is not None and rec.sleep_mode.keeps_engine
+        in_place = rec.sleeps_in_place
         forgotten = self._release_devices(model_id) if in_place else [r.key for r in self.ledger.release(model_id)]
         rec.status, rec.resident, rec.wake_failed_at, rec.wake_placed = ModelStatus.SLEEPING, False, now, False
         rec.sleep_mode = rec.sleep_mode or SleepMode.PARKED
