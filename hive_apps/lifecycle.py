@@ -109,16 +109,21 @@ def cold_start_s(weight_bytes: int, tp: int = 1, compute_capability: tuple[int, 
     return ENGINE_START_S + weight_bytes / tp / 2**30 * (READ_S_PER_GIB + 1 / _link_gib_per_s(compute_capability))
 
 
+def _copy_s(weight_bytes: int, tp: int, compute_capability: tuple[int, int]) -> float:
+    """One rank's weights over the host link, host to device."""
+    return weight_bytes / tp / 2**30 / _link_gib_per_s(compute_capability)
+
+
 def sleep_s(level: int, weight_bytes: int, tp: int = 1, compute_capability: tuple[int, int] = (8, 0)) -> float:
     """Seconds an engine takes to fall asleep at ``level`` (what the sim engine takes)."""
     if level == 2:
         return LEVEL2_SLEEP_S
-    return WAKE_FIXED_S + weight_bytes / tp / 2**30 / _link_gib_per_s(compute_capability) * SLEEP_D2H_FACTOR
+    return WAKE_FIXED_S + _copy_s(weight_bytes, tp, compute_capability) * SLEEP_D2H_FACTOR
 
 
 def wake_s(level: int, weight_bytes: int, tp: int = 1, compute_capability: tuple[int, int] = (8, 0)) -> float:
     """Seconds an engine asleep at ``level`` takes to wake in place, before its warm-up."""
-    level1 = WAKE_FIXED_S + weight_bytes / tp / 2**30 / _link_gib_per_s(compute_capability)
+    level1 = WAKE_FIXED_S + _copy_s(weight_bytes, tp, compute_capability)
     return level1 * (LEVEL2_WAKE_FACTOR if level == 2 else 1.0)
 
 
