@@ -104,6 +104,19 @@ def deployed(args: argparse.Namespace, model_id: str, **fields) -> Iterator[dict
         delete(hive, model_id)
 
 
+def deploy_and_ask(client: httpx.Client, body: dict, prompt: str = "Hi") -> None:
+    """Deploy ``body``, print its status and its answer to one short chat, then delete it."""
+    model_id = body["model_id"]
+    try:
+        st = deploy(client, body)
+        print(f"deployed {model_id}: {st['status']} on {[r['devices'] for r in st['replicas'].values()]}")
+        r = openai_client().chat.completions.create(model=model_id, max_tokens=8,
+                                                    messages=[{"role": "user", "content": prompt}])
+        print(f"{model_id} says: {r.choices[0].message.content!r}")
+    finally:
+        delete(client, model_id)
+
+
 def wait_for(client: httpx.Client, model_id: str, pred, timeout: float = 120.0, every: float = 0.25) -> dict:
     """Poll GET /admin/models/{id} until pred(status) holds."""
     deadline = time.time() + timeout

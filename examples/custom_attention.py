@@ -24,7 +24,7 @@ the model planned with the class.
 
 from __future__ import annotations
 
-from _hive import admin, check, delete, deploy, openai_client, parser, spec
+from _hive import admin, check, deploy_and_ask, parser, spec
 
 
 def summary(plan: dict) -> str:
@@ -51,14 +51,7 @@ def main() -> None:
     r = hive.post("/plan", json=spec(args, "stranger", vllm_kwargs={"hive_attention_cls": "not_listed.hooks.Mine"}))
     print(f"a class outside HIVE_HOOK_PACKAGES: {r.status_code} {r.json()['error']['message']!r}")
     if args.deploy:
-        try:
-            st = deploy(hive, hooked_spec)
-            print(f"deployed hooked: {st['status']}")
-            out = openai_client().chat.completions.create(model="hooked", max_tokens=8,
-                                                          messages=[{"role": "user", "content": "Hi"}])
-            print(f"hooked says: {out.choices[0].message.content!r}")
-        finally:
-            delete(hive, "hooked")
+        deploy_and_ask(hive, hooked_spec)
 
 
 if __name__ == "__main__":

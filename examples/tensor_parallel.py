@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from _hive import accelerators, admin, check, delete, deploy, gib, openai_client, parser, spec
+from _hive import accelerators, admin, check, deploy_and_ask, gib, parser, spec
 
 
 def main() -> None:
@@ -43,14 +43,7 @@ def main() -> None:
           f"per rank: weights {gib(mem['weights'])}, KV cache {gib(mem['kv_cache'])}; "
           f"max_num_seqs={s['max_num_seqs']}, max_model_len={s['max_model_len']}")
     if args.deploy:
-        try:
-            st = deploy(hive, body)
-            print(f"deployed tp-group: {st['status']} on {st['replicas']['r0']['devices']}")
-            r = openai_client().chat.completions.create(model="tp-group", max_tokens=8,
-                                                        messages=[{"role": "user", "content": "Hi"}])
-            print(f"tp-group says: {r.choices[0].message.content!r}")
-        finally:
-            delete(hive, "tp-group")
+        deploy_and_ask(hive, body)
 
 
 if __name__ == "__main__":
