@@ -16,6 +16,7 @@ from typing import Any
 from hive_apps.engine.base import EngineBase, restore_node_environment
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
+from hive_apps.engine.vllm_audio import fit_audio_path
 from hive_apps.planning.types import ReplicaPlan
 
 log = logging.getLogger("ray.serve")
@@ -112,6 +113,7 @@ class VLLMEngine(EngineBase):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        fit_audio_path()
         self.model_id, self.replica = model_id, replica
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens

