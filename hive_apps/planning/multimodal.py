@@ -20,6 +20,12 @@ Per family (each function below cites the vLLM code it mirrors):
   ``pan_and_scan_max_num_crops`` = 4 extra crops).
 * LLaVA (``llava.py::BaseLlavaProcessingInfo``): ``(image_size / patch)^2`` (+1 CLS, dropped
   by the ``default`` feature select strategy): 576 for CLIP ViT-L/336.
+* Idefics3 / SmolVLM (``idefics3.py::Idefics3ProcessingInfo``, transformers'
+  ``Idefics3ImageProcessor.get_number_of_image_patches``): an image is resized to
+  ``size.longest_edge`` and, with ``do_image_splitting`` (the default), cut into tiles of
+  ``max_image_size.longest_edge`` plus one global image; each tile is ``image_seq_len =
+  (image_size / patch)^2 / scale_factor^2`` tokens (pixel shuffle). Idefics3 defaults: 1456 / 364 px,
+  4 x 4 tiles + 1 = 17 x 169 = 2873 tokens per image.
 * Qwen2-Audio (``qwen2_audio.py::Qwen2AudioProcessingInfo``): a 30 s clip at 16 kHz, hop
   160 = 3000 mel frames -> ``((3000 - 1) // 2 + 1 - 2) // 2 + 1`` = 750 tokens.
 
@@ -51,6 +57,10 @@ QWEN_VL_MAX_ASPECT = 200  # smart_resize refuses more extreme aspect ratios
 # transformers/models/gemma3/processing_gemma3.py Gemma3ProcessorKwargs defaults.
 GEMMA3_PAN_AND_SCAN = {"do_pan_and_scan": False, "pan_and_scan_min_crop_size": 256,
                        "pan_and_scan_max_num_crops": 4, "pan_and_scan_min_ratio_to_activate": 1.2}
+# transformers' Idefics3 defaults: Idefics3ImageProcessor size / max_image_size / MAX_IMAGE_SIZE,
+# Idefics3VisionConfig image_size / patch_size.
+IDEFICS3_LONGEST_EDGE, IDEFICS3_TILE_EDGE, IDEFICS3_MAX_EDGE = 4 * 364, 364, 4096
+IDEFICS3_VISION_IMAGE_SIZE, IDEFICS3_VISION_PATCH = 224, 32
 # WhisperFeatureExtractor defaults (Qwen2-Audio's processor): 16 kHz, hop 160, 30 s chunks.
 WHISPER_SAMPLING_RATE = 16000
 WHISPER_HOP_LENGTH = 160
@@ -251,6 +261,30 @@ def llava_image(cfg: Any, vc: Any, get: Any) -> tuple[int, int, str]:
     strategy = get(cfg, "vision_feature_select_strategy", default="default")
     tokens = positions - 1 if strategy == "default" else positions
     return tokens, positions, f"CLIP {image}px / patch {patch}, select '{strategy}'"
+
+
+def idefics3_image(cfg: Any, vc: Any, get: Any, preprocessor: dict[str, Any] | None,
+                   mm_kwargs: dict[str, Any]) -> tuple[int, int, int, str]:
+    """(tokens, prompt tokens, tower positions, how) of the largest Idefics3/SmolVLM image.
+
+    A square image splits most (transformers ``get_number_of_image_patches``); vLLM counts the
+    image tokens of every tile (``get_num_image_tokens``), the prompt adds per tile a fake-image
+    and a ``<row_i_col_j>`` token, a newline per row, and the global image's three wrappers."""
+    scoped = _scoped(mm_kwargs, "images_kwargs")
+    pre = {**(preprocessor or {}), **scoped}
+    image = int(get(vc, "image_size", default=IDEFICS3_VISION_IMAGE_SIZE))
+    patch = int(get(vc, "patch_size", default=IDEFICS3_VISION_PATCH))
+    scale = int(get(cfg, "scale_factor", default=2))
+    per_tile = (image // patch) ** 2 // (scale * scale)
+    longest = min(int((pre.get("size") or {}).get("longest_edge", IDEFICS3_LONGEST_EDGE)), IDEFICS3_MAX_EDGE)
+    tile = int((pre.get("max_image_size") or {}).get("longest_edge", IDEFICS3_TILE_EDGE))
+    rows = math.ceil(longest / tile) if pre.get("do_image_splitting", True) and longest > tile else 0
+    crops = rows * rows + 1 if rows else 1
+    tokens = crops * per_tile
+    prompt = tokens + 2 * rows * rows + rows + (1 if rows else 0) + 3
+    how = (f"{rows} x {rows} tiles of {tile} px + the global image" if rows else "one image, no tiling") + \
+        f", {per_tile} tokens each ((image_size {image} / patch {patch})^2 / scale_factor {scale}^2)"
+    return tokens, prompt, crops * (image // patch) ** 2, how
 
 
 def whisper_audio(preprocessor: dict[str, Any] | None) -> tuple[int, int, str]:

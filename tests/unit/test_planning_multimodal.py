@@ -199,3 +199,50 @@ def test_hook_without_either_method_is_refused():
     with pytest.raises(PlanningError) as err:
         profile_from_config_dict(UNKNOWN_VLM, vllm_kwargs={"hive_attention_cls": "tests.unit.planning_fixtures.gpu"})
     assert err.value.status_code == 422 and "hive_attention_cls" in err.value.message
+
+
+def _idefics3_folder(tmp_path, vision: dict, processor: dict, scale: int = 2) -> str:
+    """A config and preprocessor file only, written by transformers itself (no weights, no tokenizer)."""
+    from transformers import Idefics3Config, Idefics3ImageProcessorPil, Idefics3VisionConfig, LlamaConfig
+
+    text = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                       vocab_size=1000)
+    Idefics3Config(vision_config=Idefics3VisionConfig(**vision).to_dict(), text_config=text.to_dict(),
+                   scale_factor=scale).save_pretrained(tmp_path)
+    Idefics3ImageProcessorPil(**processor).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("vision, processor, scale", [
+    ({"image_size": 364, "patch_size": 14}, {}, 2),  # Idefics3-8B's shape, transformers' processor defaults
+    ({"image_size": 512, "patch_size": 16}, {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}},
+     4),  # SmolVLM-256M's shape
+    ({"image_size": 32, "patch_size": 8}, {"do_image_splitting": False, "size": {"longest_edge": 32},
+                                           "max_image_size": {"longest_edge": 32}}, 2),  # hive_apps/models/tiny_vlm.py
+])
+def test_idefics3_tiles_as_transformers_splits_them(tmp_path, vision, processor, scale):
+    """vLLM's Idefics3ProcessingInfo.get_num_image_tokens: the image processor's patch count (tiles + the
+    global image, at least 1) x image_seq_len, for its largest (square) image."""
+    from transformers import Idefics3ImageProcessorPil
+
+    from hive_apps.planning.profile import load_profile
+
+    proc = Idefics3ImageProcessorPil(**processor)
+    edge = proc.max_image_size["longest_edge"]
+    patches, rows, cols = proc.get_number_of_image_patches(edge, edge, {})
+    image_seq_len = (vision["image_size"] // vision["patch_size"]) ** 2 // scale ** 2
+    item = load_profile(_idefics3_folder(tmp_path, vision, processor, scale), {}).mm_items["image"]
+    assert item.tokens == max(patches, 1) * image_seq_len
+    assert item.prompt_tokens >= item.tokens + 3 + 2 * rows * cols
+    if not rows:  # the tiny VLM: vLLM's prompt held 4 image tokens and 3 wrappers (tests/engine/test_multimodal.py)
+        assert (item.tokens, item.prompt_tokens) == (4, 7)
+
+
+def test_idefics3_splitting_off_is_one_tile(tmp_path):
+    folder = _idefics3_folder(tmp_path, {"image_size": 364, "patch_size": 14}, {})
+    from hive_apps.planning.profile import load_profile
+
+    split = load_profile(folder, {}).mm_items["image"]
+    single = load_profile(folder, {"mm_processor_kwargs": {"do_image_splitting": False}}).mm_items["image"]
+    assert single.tokens == 169 and split.tokens == 17 * single.tokens
+    assert "do_image_splitting" in split.knob

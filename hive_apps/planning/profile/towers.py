@@ -86,6 +86,12 @@ def _vit(cfg: Any, vc: Any, model_type: str, lm_hidden: int, pre: Any, mm_kwargs
         params += vh * lm_hidden + lm_hidden + lm_hidden * lm_hidden + lm_hidden  # 2-layer projector
         tokens, pos, how = mm.llava_image(cfg, vc, get)
         prompt, knob = tokens, "limit_mm_per_prompt (a LLaVA image is always this size)"
+    elif model_type in ("idefics3", "smolvlm"):
+        scale = int(get(cfg, "scale_factor", default=2))
+        m = vh * scale * scale
+        params = depth * _vit_block(vh, vi) + embed - vh + m * lm_hidden  # no CLS position; bias-free connector
+        tokens, prompt, pos, how = mm.idefics3_image(cfg, vc, get, pre, mm_kwargs)
+        knob = "mm_processor_kwargs.do_image_splitting / size.longest_edge (or limit_mm_per_prompt)"
     else:
         m = vh * merge * merge
         params = depth * _vit_block(vh, vi) + embed + m * m + m + m * lm_hidden + lm_hidden
