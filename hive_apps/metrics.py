@@ -101,14 +101,17 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
     # --- lifecycle (registry transitions) ---
     MetricDef("hive_deploy_seconds", "histogram", "From a deploy's request to its model serving", ("model",),
               DURATION_BUCKETS),
-    MetricDef("hive_wake_seconds", "histogram", "From the first held request to the model serving again", ("model",),
-              DURATION_BUCKETS),
+    MetricDef("hive_wake_seconds", "histogram",
+              "From the first held request to the model serving again, by how it slept (level1, level2 or parked)",
+              ("model", "how"), DURATION_BUCKETS),
     MetricDef("hive_engine_start_seconds", "histogram", "One engine replica's own start (deploy, heal or wake)",
               ("model",), DURATION_BUCKETS),
     MetricDef("hive_sleeps", "counter", "Models put to sleep, by reason (idle or evicted)", ("model", "reason")),
     MetricDef("hive_evictions", "counter", "Models put to sleep to make room for another", ("model",)),
     MetricDef("hive_swaps", "counter", "Wakes that evicted other models to make room", ("model",)),
-    MetricDef("hive_wakes", "counter", "Wakes finished, by outcome (ok or failed)", ("model", "outcome")),
+    MetricDef("hive_wakes", "counter",
+              "Wakes finished, by outcome (ok or failed) and how the model slept (level1, level2 or parked)",
+              ("model", "outcome", "how")),
     MetricDef("hive_destroys", "counter", "Models destroyed for idleness", ("model",)),
     MetricDef("hive_deploy_failures", "counter", "Deploys or wakes that failed", ("model",)),
 ]}
@@ -193,6 +196,11 @@ def event(metric: str, value: float = 1.0, **tags: str) -> Event:
     return Event(s.metric, s.tags, s.value)
 
 
+def _slept(rec: "ModelRecord") -> str:
+    """How a waking model slept: in place (level1/level2) or parked (a cold start)."""
+    return rec.sleep_mode.value if rec.sleep_mode is not None else "parked"
+
+
 def transition_events(name: str, before: "ModelRecord | None", after: "ModelRecord | None",
                       kwargs: dict[str, Any]) -> list[Event]:
     """What one registry transition adds to the lifecycle metrics."""
@@ -206,9 +214,9 @@ def transition_events(name: str, before: "ModelRecord | None", after: "ModelReco
         if before.status is ModelStatus.DEPLOYING and after.ready_at is not None:
             out.append(event("hive_deploy_seconds", max(0.0, after.ready_at - after.created_at), model=m))
         if before.status is ModelStatus.WAKING:
-            out.append(event("hive_wakes", model=m, outcome="ok"))
+            out.append(event("hive_wakes", model=m, outcome="ok", how=_slept(before)))
             if after.last_wake is not None and after.last_wake != before.last_wake:
-                out.append(event("hive_wake_seconds", after.last_wake.total_s, model=m))
+                out.append(event("hive_wake_seconds", after.last_wake.total_s, model=m, how=_slept(before)))
         out += [event("hive_engine_start_seconds", s, model=m) for s in (kwargs.get("engine_start_s") or {}).values()]
     elif name == "sleep":
         evicted = str(kwargs.get("reason", "")).startswith("evicted")
@@ -218,7 +226,7 @@ def transition_events(name: str, before: "ModelRecord | None", after: "ModelReco
     elif name == "placed" and kwargs.get("evicted"):
         out.append(event("hive_swaps", model=m))
     elif name == "wake_failed":
-        out.append(event("hive_wakes", model=m, outcome="failed"))
+        out.append(event("hive_wakes", model=m, outcome="failed", how=_slept(before or after)))
         out.append(event("hive_deploy_failures", model=m))
     elif name == "fail":
         out.append(event("hive_deploy_failures", model=m))

@@ -107,6 +107,13 @@ async def test_the_registry_publishes_devices_models_and_lifecycle(hive, recorde
     assert recorded.gauge("hive_model_planned_seqs", model="m") == 0
     assert g("dormant") == reserved and g("reserved") == 0, "a parked model's memory is dormant, not reserved"
 
+    await hive.registry.transition("wake", "m")
+    woke = await hive.settle("m")
+    assert woke.status.value == "ready" and woke.last_wake is not None
+    assert recorded.total("hive_wakes", model="m", outcome="ok", how="parked") == 1
+    assert recorded.total("hive_wakes", model="m", outcome="ok", how="level1") == 0
+    assert recorded.total("hive_wake_seconds", model="m", how="parked") == pytest.approx(woke.last_wake.total_s)
+
     await hive.registry.transition("delete", "m")
     await hive.settle("m")
     await hive.sample()
