@@ -61,10 +61,15 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                                  f"can model ({type(e).__name__}: {e})", status_code=422)
 
 
-def _worker_init() -> None:
+def _worker_init(without_torch: bool) -> None:
     """The worker never generates text: transformers imports scikit-learn (and SciPy) for assisted
-    generation only when it finds it installed: ~50 MB and up to 2 s per worker here, so it must not."""
+    generation only when it finds it installed: ~50 MB and up to 2 s per worker here, so it must not.
+    Nor does it need torch, which transformers 5's config classes import when installed (~400 MB and
+    ~3 s): reading configs works without it (every fixture profiles the same). Only a user's code
+    (a hook class, a repository's remote config code) might want it, so it stays when those are on."""
     sys.modules.setdefault("sklearn", None)  # importlib's find_spec then answers "not installed"
+    if without_torch:
+        sys.modules.setdefault("torch", None)
 
 
 @contextlib.contextmanager
@@ -83,8 +88,8 @@ def _without_main_file():
 
 def _warm() -> None:
     """What every first plan imports whatever the model: AutoConfig, and what any family's config
-    class pulls in with it (configuration_utils and auto_factory import torch: ~2 s here), so no
-    plan's deadline counts it. One family's config, built, imports all of that."""
+    class pulls in with it (configuration_utils and auto_factory, and torch where it is allowed),
+    so no plan's deadline counts it. One family's config, built, imports all of that."""
     from transformers import AutoConfig
 
     AutoConfig.for_model("llama")
@@ -93,8 +98,9 @@ def _warm() -> None:
 class PlanWorker:
     """One planning process at a time, killed and replaced when a plan outlives its deadline."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, without_torch: bool = False):
         self.timeout_s = timeout_s
+        self.without_torch = without_torch
         self._pool: ProcessPoolExecutor | None = None
         self._one_at_a_time = asyncio.Lock()  # the deadline counts a plan's own time, not its queue
         self.warmed_at: float | None = None  # when the current worker finished its imports
@@ -102,11 +108,11 @@ class PlanWorker:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init)
+                                             initializer=_worker_init, initargs=(self.without_torch,))
         return self._pool
 
     async def _ensure_warm(self) -> None:
-        """A new worker imports the planner (transformers, torch) first, untimed."""
+        """A new worker imports the planner (transformers) first, untimed."""
         if self._pool is None:
             with _without_main_file():  # the pool starts its process in this submit
                 warming = asyncio.get_running_loop().run_in_executor(self._executor(), _warm)
@@ -154,7 +160,9 @@ class PlanWorker:
 
 class Planner:
     async def __init__(self):
-        self.worker = PlanWorker(get_settings().plan_timeout_s)
+        settings = get_settings()
+        user_code = bool(settings.hook_packages) or settings.trust_remote_code
+        self.worker = PlanWorker(settings.plan_timeout_s, without_torch=not user_code)
         self._warming = asyncio.get_running_loop().create_task(self.worker.warm_up())
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],

@@ -37,12 +37,17 @@ async def test_a_huge_config_is_cut_off_and_the_next_plan_works(tmp_path):
         worker.close()
 
 
-async def test_the_planner_starts_its_worker_before_the_first_plan():
+async def test_the_planner_starts_its_worker_before_the_first_plan(monkeypatch):
     """A deploy right after the hive starts must not wait ~5 s for the worker's imports."""
     import asyncio
+    import importlib.util
     from pathlib import Path
 
     from hive_apps.planning.deployment import Planner
+    from hive_apps.settings import get_settings
+
+    monkeypatch.setenv("HIVE_HOOK_PACKAGES", "")  # the default: code hooks off (tests/conftest.py turns them on)
+    get_settings.cache_clear()
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B"
     planner = Planner.__new__(Planner)
@@ -56,8 +61,12 @@ async def test_the_planner_starts_its_worker_before_the_first_plan():
         out = await planner.plan(ModelSpec(model_id="ok", model=str(fixture), engine="sim"), devices())
         assert out.plan is not None, out.error
         assert set(planner.worker._pool._processes) == warmed  # the plan ran in the worker warmed at start
+        # no hook packages, no remote code: the worker plans without torch (~400 MB it never uses)
+        assert planner.worker._pool.submit(importlib.util.find_spec, "torch").result(30) is None
     finally:
         planner.worker.close()
+        monkeypatch.undo()
+        get_settings.cache_clear()
 
 
 async def test_the_worker_loads_neither_the_replicas_main_file_nor_scikit_learn(tmp_path, monkeypatch):
@@ -82,5 +91,6 @@ async def test_the_worker_loads_neither_the_replicas_main_file_nor_scikit_learn(
         assert not marker.exists()
         assert worker._pool.submit(importlib.util.find_spec, "sklearn").result(30) is None
         assert worker._pool.submit(importlib.util.find_spec, "json").result(30) is not None
+        assert worker._pool.submit(importlib.util.find_spec, "torch").result(30) is not None  # user code may want it
     finally:
         worker.close()
