@@ -94,3 +94,35 @@ async def test_the_worker_loads_neither_the_replicas_main_file_nor_scikit_learn(
         assert worker._pool.submit(importlib.util.find_spec, "torch").result(30) is not None  # user code may want it
     finally:
         worker.close()
+
+
+def test_every_fixture_profiles_the_same_without_torch():
+    """The plan worker blocks torch (no user code can run in it by default): profiles must not depend on it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hive_apps.planning.profile import load_profile
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    folders = sorted(str(p) for p in root.iterdir() if (p / "config.json").exists())
+    script = (
+        "import sys, json; sys.modules['torch'] = None\n"
+        "from hive_apps.planning.profile import load_profile\n"
+        "out = {}\n"
+        "for f in json.loads(sys.argv[1]):\n"
+        "    try: out[f] = load_profile(f, {}).model_dump(mode='json')\n"
+        "    except Exception as e: out[f] = type(e).__name__ + ': ' + str(e)\n"
+        "print(json.dumps(out))\n")
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(folders)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    without = json.loads(run.stdout.strip().splitlines()[-1])
+    for f in folders:
+        try:
+            with_torch = load_profile(f, {}).model_dump(mode="json")
+        except Exception as e:  # noqa: BLE001 - the same refusal is expected
+            with_torch = type(e).__name__ + ": " + str(e)
+        assert without[f] == json.loads(json.dumps(with_torch)), Path(f).name
+    assert len(folders) > 30
