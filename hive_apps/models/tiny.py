@@ -121,20 +121,7 @@ def build_tiny_model(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
         "chat_template": CHAT_TEMPLATE,
     }, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    config = Qwen2Config(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        torch_dtype="bfloat16",
-    )
+    config = Qwen2Config(**text_config(tok.get_vocab_size(), ids), torch_dtype="bfloat16")
     torch.manual_seed(seed)
     save_weights(Qwen2ForCausalLM(config).to(torch.bfloat16), out, ids)
     return out
@@ -149,11 +136,55 @@ def save_weights(model, out: Path, ids: dict[str, int]) -> None:
     }))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ray-hive" / "tiny-chat"))
-    print(build_tiny_model(ap.parse_args().out))
+# --- what the multimodal tiny models (tiny_vlm.py, tiny_audio.py) share with this one ---------------
+
+# The language side of every tiny checkpoint: head_dim 32, which vLLM's CPU attention accepts.
+TEXT_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": True}
+
+
+def text_config(vocab_size: int, ids: dict[str, int]) -> dict:
+    """Keyword arguments of the text model's config (Qwen2Config, LlamaConfig alike)."""
+    return {"vocab_size": vocab_size, **TEXT_SHAPE, "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}
+
+
+def chat_template_with_media(part_types: tuple[str, ...], placeholder: str) -> str:
+    """CHAT_TEMPLATE with content parts of these types rendered as the placeholder their processor expands."""
+    types = ", ".join(repr(t) for t in part_types)
+    return CHAT_TEMPLATE.replace(
+        "{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}",
+        "{%- if part.type == 'text' -%}{{ part.text }}"
+        "{%- elif part.type in (" + types + ") -%}" + placeholder + "{%- endif -%}",
+    )
+
+
+def media_tokenizer(vocab_size: int, corpus_bytes: int, media_tokens: list[str]):
+    """This model's tokenizer plus a media model's special tokens: (raw tokenizer, special ids, HF tokenizer)."""
+    from transformers import PreTrainedTokenizerFast
+
+    specials = SPECIAL_TOKENS + media_tokens
+    raw = train_tokenizer(vocab_size, corpus_bytes, specials)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        model_max_length=4096, clean_up_tokenization_spaces=False,
+    )
+    return raw, {t: raw.token_to_id(t) for t in specials}, tokenizer
+
+
+def save_processor(processor, tokenizer, chat_template: str, out: Path) -> None:
+    """The processor and its tokenizer, both carrying the chat template (vLLM reads either)."""
+    processor.save_pretrained(out)
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(out)
+
+
+def cli(doc: str | None, build, folder: str) -> None:
+    """``python -m hive_apps.models.<module> [--out DIR]``: build into DIR (default ~/.cache/ray-hive/<folder>)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ray-hive" / folder))
+    print(build(ap.parse_args().out))
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build_tiny_model, "tiny-chat")

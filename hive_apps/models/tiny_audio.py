@@ -15,20 +15,14 @@ stride-2 steps over 100 mel frames a second) between ``<|audio_bos|>``/``<|audio
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from hive_apps.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, save_weights, train_tokenizer
+from hive_apps.models.tiny import (chat_template_with_media, cli, media_tokenizer, save_processor, save_weights,
+                                   text_config)
 
 AUDIO_BOS, AUDIO_TOKEN, AUDIO_EOS = "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"
 SAMPLE_RATE, MEL_BINS = 16_000, 128
-# tiny.py's template, with audio parts rendered as the placeholder the processor expands.
-AUDIO_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    "{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}",
-    "{%- if part.type == 'text' -%}{{ part.text }}"
-    "{%- elif part.type in ('audio', 'audio_url', 'input_audio') -%}"
-    + AUDIO_BOS + AUDIO_TOKEN + AUDIO_EOS + "{%- endif -%}",
-)
+AUDIO_CHAT_TEMPLATE = chat_template_with_media(("audio", "audio_url", "input_audio"), AUDIO_BOS + AUDIO_TOKEN + AUDIO_EOS)
 
 
 def audio_tokens(seconds: float) -> int:
@@ -41,32 +35,19 @@ def build_tiny_audio(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
     """Write the checkpoint to ``out`` (skipped when a complete one is already there)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import (PreTrainedTokenizerFast, Qwen2AudioConfig, Qwen2AudioEncoderConfig,
-                              Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor, Qwen2Config,
-                              WhisperFeatureExtractor)
+    from transformers import (Qwen2AudioConfig, Qwen2AudioEncoderConfig, Qwen2AudioForConditionalGeneration,
+                              Qwen2AudioProcessor, Qwen2Config, WhisperFeatureExtractor)
 
     out = Path(out).expanduser()
     if (out / "model.safetensors").exists() and (out / "processor_config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    specials = SPECIAL_TOKENS + [AUDIO_BOS, AUDIO_TOKEN, AUDIO_EOS]
-    raw = train_tokenizer(vocab_size, corpus_bytes, specials)
-    ids = {t: raw.token_to_id(t) for t in specials}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        model_max_length=4096, clean_up_tokenization_spaces=False,
-    )
+    raw, ids, tokenizer = media_tokenizer(vocab_size, corpus_bytes, [AUDIO_BOS, AUDIO_TOKEN, AUDIO_EOS])
     extractor = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=SAMPLE_RATE)
     processor = Qwen2AudioProcessor(feature_extractor=extractor, tokenizer=tokenizer,
                                     chat_template=AUDIO_CHAT_TEMPLATE)
-    processor.save_pretrained(out)
-    tokenizer.chat_template = AUDIO_CHAT_TEMPLATE
-    tokenizer.save_pretrained(out)
-    text = Qwen2Config(
-        vocab_size=raw.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-    )
+    save_processor(processor, tokenizer, AUDIO_CHAT_TEMPLATE, out)
+    text = Qwen2Config(**text_config(raw.get_vocab_size(), ids))
     encoder = Qwen2AudioEncoderConfig(num_mel_bins=MEL_BINS, encoder_layers=2, encoder_attention_heads=2,
                                       encoder_ffn_dim=128, d_model=64)
     config = Qwen2AudioConfig(audio_config=encoder.to_dict(), text_config=text.to_dict(),
@@ -91,11 +72,5 @@ def vllm_name(key: str) -> str:
     return key
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ray-hive" / "tiny-audio"))
-    print(build_tiny_audio(ap.parse_args().out))
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build_tiny_audio, "tiny-audio")

@@ -22,10 +22,10 @@ head_dim 32 on the text side (vLLM's CPU attention accepts 32, 64, 80, ...).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from hive_apps.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, save_weights, train_tokenizer
+from hive_apps.models.tiny import (chat_template_with_media, cli, media_tokenizer, save_processor, save_weights,
+                                   text_config)
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SPECIALS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"] + [
@@ -33,44 +33,27 @@ IMAGE_SPECIALS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>"
 ]
 IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 32, 8, 2
 IMAGE_SEQ_LEN = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2
-# tiny.py's template, with image parts rendered as the placeholder the processor expands.
-VLM_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    "{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}",
-    "{%- if part.type == 'text' -%}{{ part.text }}"
-    "{%- elif part.type in ('image', 'image_url') -%}" + IMAGE_TOKEN + "{%- endif -%}",
-)
+VLM_CHAT_TEMPLATE = chat_template_with_media(("image", "image_url"), IMAGE_TOKEN)
 
 
 def build_tiny_vlm(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 1_500_000, seed: int = 0) -> Path:
     """Write the checkpoint to ``out`` (skipped when a complete one is already there)."""
     import torch
     from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil,
-                              Idefics3Processor, Idefics3VisionConfig, LlamaConfig, PreTrainedTokenizerFast)
+                              Idefics3Processor, Idefics3VisionConfig, LlamaConfig)
 
     out = Path(out).expanduser()
     if (out / "model.safetensors").exists() and (out / "processor_config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    specials = SPECIAL_TOKENS + IMAGE_SPECIALS
-    raw = train_tokenizer(vocab_size, corpus_bytes, specials)
-    ids = {t: raw.token_to_id(t) for t in specials}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        model_max_length=4096, clean_up_tokenization_spaces=False,
-    )
+    raw, ids, tokenizer = media_tokenizer(vocab_size, corpus_bytes, IMAGE_SPECIALS)
     image_processor = Idefics3ImageProcessorPil(
         do_image_splitting=False, size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
     )
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
                                   image_seq_len=IMAGE_SEQ_LEN, chat_template=VLM_CHAT_TEMPLATE)
-    processor.save_pretrained(out)
-    tokenizer.chat_template = VLM_CHAT_TEMPLATE
-    tokenizer.save_pretrained(out)
-    text = LlamaConfig(
-        vocab_size=raw.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-    )
+    save_processor(processor, tokenizer, VLM_CHAT_TEMPLATE, out)
+    text = LlamaConfig(**text_config(raw.get_vocab_size(), ids))
     vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                                   image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
     config = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(),
@@ -82,11 +65,5 @@ def build_tiny_vlm(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ray-hive" / "tiny-vlm"))
-    print(build_tiny_vlm(ap.parse_args().out))
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build_tiny_vlm, "tiny-vlm")
