@@ -214,9 +214,10 @@ def transition_events(name: str, before: "ModelRecord | None", after: "ModelReco
         if before.status is ModelStatus.DEPLOYING and after.ready_at is not None:
             out.append(event("hive_deploy_seconds", max(0.0, after.ready_at - after.created_at), model=m))
         if before.status is ModelStatus.WAKING:
-            out.append(event("hive_wakes", model=m, outcome="ok", how=_slept(before)))
+            how = _slept(before)
+            out.append(event("hive_wakes", model=m, outcome="ok", how=how))
             if after.last_wake is not None and after.last_wake != before.last_wake:
-                out.append(event("hive_wake_seconds", after.last_wake.total_s, model=m, how=_slept(before)))
+                out.append(event("hive_wake_seconds", after.last_wake.total_s, model=m, how=how))
         out += [event("hive_engine_start_seconds", s, model=m) for s in (kwargs.get("engine_start_s") or {}).values()]
     elif name == "sleep":
         evicted = str(kwargs.get("reason", "")).startswith("evicted")

