@@ -110,8 +110,10 @@ async def start_http_server(app: Any, on_request: Callable[[int], None], load: C
     sock = listen_in_range(get_settings().engine_port_range, host)  # HIVE_ENGINE_PORT_RANGE, else any free port
     port = sock.getsockname()[1]
     # Bounded: connections and requests in flight past MAX_CONNECTIONS get a 503, headers past
-    # h11's 16 KiB are refused, idle keep-alive connections close after 75 s.
-    config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning",
+    # h11's 16 KiB are refused, idle keep-alive connections close after 75 s. log_config=None:
+    # uvicorn's default runs logging.config.dictConfig, which closes every handler of the process,
+    # Serve's replica log file among them (the replica's log then ended at this line).
+    config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning", log_config=None,
                             access_log=False, timeout_keep_alive=75, server_header=False, date_header=False,
                             limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=16 * 1024)
     server = _QuietServer(config)

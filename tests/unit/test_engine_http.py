@@ -233,3 +233,25 @@ async def test_requests_arriving_together_while_no_replica_looks_healthy_still_m
     assert codes.count(429) >= 3 and codes.count(200) >= 1, codes  # one running, one queued, the rest refused
     rs.close()
     await asyncio.sleep(0)
+
+
+async def test_starting_the_engine_port_leaves_the_replicas_log_handlers_open(tmp_path):
+    """Serve writes a replica's log file through a MemoryHandler on the "ray.serve" logger; uvicorn's
+    default logging set-up (dictConfig) closes every handler in the process, and the engine
+    replica's log file went silent from its HTTP server's start on."""
+    import logging
+    import logging.handlers
+
+    file_handler = logging.FileHandler(tmp_path / "replica.log")
+    handler = logging.handlers.MemoryHandler(1, target=file_handler)
+    serve_log = logging.getLogger("ray.serve")
+    serve_log.addHandler(handler)
+    try:
+        e = await engine(sim_tokens_per_s=5000)
+        serve_log.warning("after the engine port opened")
+        await e.http.stop()
+    finally:
+        serve_log.removeHandler(handler)
+        file_handler.close()
+    assert handler.target is file_handler
+    assert "after the engine port opened" in (tmp_path / "replica.log").read_text()
