@@ -694,7 +694,49 @@ def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: di
     time.sleep(idle_s)
     print(f"\nidle memory by process, {idle_s:.0f}s after the first chat:")
     print_memory(trees["hive"])
+    print_serve_floor(trees["hive"], temp_dir, idle_s)
     return 0
+
+
+HIVE_REPLICAS = ("router", "gateway", "admin", "registry", "planner")  # the hive's Serve replicas beside the engine's
+FLOOR_APP = """
+import sys
+import ray
+from ray import serve
+ray.init(address=sys.argv[1], logging_level="ERROR")
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Floor:
+    async def __call__(self, request):
+        return "ok"
+serve.run(Floor.bind(), name="bench-floor", route_prefix="/bench-floor")
+"""
+
+
+def print_serve_floor(tree: Tree, temp_dir: Path, idle_s: float) -> None:
+    """What idle memory beyond the engine any hive shaped as Serve applications needs at least:
+    Ray's own processes as they are now, plus one Serve replica that does nothing (deployed
+    beside the hive as the app ``bench-floor``, then measured) for each of the hive's own replicas."""
+    rows = memory_by_process(tree)
+    hive = [r for r in rows if r["component"].split(" (")[0] in HIVE_REPLICAS + ("node monitor",)]
+    ray_own = [r for r in rows if r not in hive and r["component"] not in ENGINE_PROCESSES]
+    replicas = [r for r in hive if r["component"] in HIVE_REPLICAS]
+    address = (temp_dir / "ray_current_cluster").read_text().strip()
+    subprocess.run([sys.executable, "-c", FLOOR_APP, address], check=True, capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    time.sleep(idle_s)
+    floor = tree.find("ServeReplica:bench-floor:Floor")
+    if not floor:
+        print("  floor: the do-nothing replica was not found")
+        return
+    pss = floor[0].memory_full_info().pss
+    gib = 2**30
+    total = sum(r["pss"] for r in ray_own) + len(replicas) * pss
+    print(f"\nthe floor for a hive of Serve applications (PSS): Ray's own processes {sum(r['pss'] for r in ray_own) / gib:.2f} GiB "
+          f"in {len(ray_own)} processes (the dashboard and its agent "
+          f"{sum(r['pss'] for r in ray_own if r['component'].startswith('dashboard')) / gib:.2f}); a Serve replica "
+          f"that does nothing {pss / MiB:.0f} MiB, x {len(replicas)} (the hive's {', '.join(sorted(r['component'] for r in replicas))}) "
+          f"= {total / gib:.2f} GiB ({total / 1e9:.2f} GB) before any of the hive's own code; the hive now: "
+          f"{sum(r['pss'] for r in hive + ray_own) / gib:.2f} GiB; target 1.5 GB")
 
 
 def main() -> int:
