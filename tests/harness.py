@@ -65,8 +65,12 @@ class Hive:
 def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Hive:
     """Start a cluster (head + ``nodes``), deploy the hive config, and wait for /admin/healthz."""
     import ray
+    import ray.serve  # noqa: F401  (before the update below: see there)
     from ray.cluster_utils import Cluster
 
+    # The cluster's processes start from this environment. The test process itself is a client,
+    # not a Serve replica: Serve read its settings when it was imported above, so it keeps its
+    # defaults and the tests' synchronous handle calls (``.remote().result()``) get a router loop.
     os.environ.update({
         "RAY_AUTH_MODE": "disabled",
         "HIVE_ADMIN_TOKEN": ADMIN_TOKEN,
