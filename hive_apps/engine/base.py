@@ -7,10 +7,11 @@ plain classes here; ``admin/model_app.py`` wraps them as Serve deployments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from hive_apps.metrics import TokenCount
@@ -18,6 +19,30 @@ from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_ht
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
+
+
+@contextlib.contextmanager
+def serve_log_file_kept(logger_name: str = "ray.serve") -> Iterator[None]:
+    """Keep Serve's replica log file writing through vLLM's logging set-up.
+
+    vLLM's ``AsyncLLM`` (like uvicorn by default) configures logging with ``dictConfig``, which
+    closes every handler of the process first. Serve writes a replica's log file
+    (``logs/serve/replica_*.log``, what the Ray dashboard shows) through a ``MemoryHandler`` on
+    its logger, and a closed one drops its file: the engine replica's log ended where vLLM
+    started. Records logged meanwhile wait in the handler's buffer; a closed file handler
+    reopens its file (append mode) at the next record.
+    """
+    import logging.handlers
+
+    kept = [(h, h.target) for h in logging.getLogger(logger_name).handlers
+            if isinstance(h, logging.handlers.MemoryHandler) and h.target is not None]
+    try:
+        yield
+    finally:
+        for handler, target in kept:
+            if handler.target is None:
+                handler.setTarget(target)
+                handler.flush()
 
 
 def restore_node_environment() -> list[str]:

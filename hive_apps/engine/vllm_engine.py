@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from hive_apps.engine.base import EngineBase, restore_node_environment
+from hive_apps.engine.base import EngineBase, restore_node_environment, serve_log_file_kept
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
 from hive_apps.engine.vllm_audio import fit_audio_path
@@ -118,23 +118,24 @@ class VLLMEngine(EngineBase):
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens
         async with start_lock(model_id, replica):
-            t0 = time.perf_counter()
-            args = build_serve_args(model_path, model_id, replica.engine_kwargs)
-            engine_args = AsyncEngineArgs.from_cli_args(args)
-            vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-            self.engine = AsyncLLM.from_vllm_config(
-                vllm_config,
-                usage_context=UsageContext.OPENAI_API_SERVER,
-                stat_loggers=[make_stat_logger(self.tracker)],
-                disable_log_stats=False,
-            )
-            tasks = await self.engine.get_supported_tasks()
-            self.runner = "generate" if "generate" in tasks else "pooling"
-            self.app = build_app(args, tasks, self.engine.model_config)
-            await init_app_state(self.engine, self.app.state, args, tasks)
-            self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
-            self.engine_start_s = time.perf_counter() - t0
-            self.warm_up_s = await self.warm_up()
+            with serve_log_file_kept():  # vLLM re-configures logging as it starts
+                t0 = time.perf_counter()
+                args = build_serve_args(model_path, model_id, replica.engine_kwargs)
+                engine_args = AsyncEngineArgs.from_cli_args(args)
+                vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+                self.engine = AsyncLLM.from_vllm_config(
+                    vllm_config,
+                    usage_context=UsageContext.OPENAI_API_SERVER,
+                    stat_loggers=[make_stat_logger(self.tracker)],
+                    disable_log_stats=False,
+                )
+                tasks = await self.engine.get_supported_tasks()
+                self.runner = "generate" if "generate" in tasks else "pooling"
+                self.app = build_app(args, tasks, self.engine.model_config)
+                await init_app_state(self.engine, self.app.state, args, tasks)
+                self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
+                self.engine_start_s = time.perf_counter() - t0
+                self.warm_up_s = await self.warm_up()
         # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
         log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
                  model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)

@@ -44,6 +44,27 @@ def test_chat_and_stream(hive, tiny):
         assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
 
 
+def test_the_engine_replicas_serve_log_file_keeps_its_lines_after_vllm_started(hive, tiny):
+    """Serve's log file of the engine replica (what the Ray dashboard shows): vLLM's start
+    re-configures Python logging, which used to close it for good."""
+    import time
+    from pathlib import Path
+
+    mine = f"log-check-{time.time_ns()}"
+    out = hive.api.post("/tiny/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+                        headers={"x-request-id": mine})
+    assert out.status_code == 200, out.text
+    logs = Path(hive.cluster.head_node.get_logs_dir_path()) / "serve"
+    deadline = time.time() + 15
+    while True:
+        text = "\n".join(f.read_text(errors="replace") for f in logs.glob("replica_tiny_engine-r0_*.log"))
+        if f"request_id={mine}" in text or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert "engine tiny/r0 ready:" in text and "engine HTTP server on" in text
+    assert f"request_id={mine}" in text
+
+
 def test_structured_output_json_schema(hive, tiny):
     # bounded values: a random model may otherwise write digits until max_tokens cuts the JSON
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},

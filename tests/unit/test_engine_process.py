@@ -48,3 +48,30 @@ def test_ray_s_omp_num_threads_is_removed_when_the_node_did_not_set_it():
 def test_omp_num_threads_the_node_set_is_kept():
     got = run_child(REPORT_ENV, env={"OMP_NUM_THREADS": "3"}, parent_env={"OMP_NUM_THREADS": "3"})
     assert got == {"changed": [], "omp": "3"}
+
+
+def test_serves_log_file_keeps_writing_through_a_logging_reconfiguration(tmp_path):
+    """vLLM's AsyncLLM runs logging.config.dictConfig as it starts, which closes every handler in
+    the process; Serve's replica log file is one (a MemoryHandler in front of a file handler)."""
+    import logging
+    import logging.config
+    import logging.handlers
+
+    from hive_apps.engine.base import serve_log_file_kept
+
+    path = tmp_path / "replica.log"
+    file_handler = logging.handlers.RotatingFileHandler(path)
+    handler = logging.handlers.MemoryHandler(1, target=file_handler)
+    serve_log = logging.getLogger("test-serve-replica")
+    serve_log.addHandler(handler)
+    serve_log.setLevel(logging.INFO)
+    try:
+        with serve_log_file_kept("test-serve-replica"):
+            serve_log.info("before vLLM")
+            logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})  # as vLLM does
+            serve_log.info("while vLLM starts")
+        serve_log.info("engine ready")
+    finally:
+        serve_log.removeHandler(handler)
+        file_handler.close()
+    assert path.read_text().splitlines() == ["before vLLM", "while vLLM starts", "engine ready"]
