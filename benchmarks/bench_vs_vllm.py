@@ -717,8 +717,9 @@ def print_serve_floor(tree: Tree, temp_dir: Path, idle_s: float) -> None:
     Ray's own processes as they are now, plus one Serve replica that does nothing (deployed
     beside the hive as the app ``bench-floor``, then measured) for each of the hive's own replicas."""
     rows = memory_by_process(tree)
-    hive = [r for r in rows if r["component"].split(" (")[0] in HIVE_REPLICAS + ("node monitor",)]
-    ray_own = [r for r in rows if r not in hive and r["component"] not in ENGINE_PROCESSES]
+    base = lambda r: r["component"].split(" (")[0]  # noqa: E731  ("planner (subprocess)": the planner's)
+    hive = [r for r in rows if base(r) in HIVE_REPLICAS + ("node monitor",)]
+    ray_own = [r for r in rows if r not in hive and base(r) not in ENGINE_PROCESSES]
     replicas = [r for r in hive if r["component"] in HIVE_REPLICAS]
     address = (temp_dir / "ray_current_cluster").read_text().strip()
     subprocess.run([sys.executable, "-c", FLOOR_APP, address], check=True, capture_output=True, text=True, timeout=300,
