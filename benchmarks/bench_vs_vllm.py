@@ -845,7 +845,7 @@ def main() -> int:
                             levels.append(lv)
                             (workdir / "levels.json").write_text(json.dumps([x.__dict__ for x in levels]))
                             print(f"  [{cond} r{r}] {t.name:14} {mode:6} c={c:<3} {lv.rps:6.1f} req/s  "
-                                  f"e2e p50 {1000 * pct(lv.e2e, .5):6.0f} ms  TTFT p50 {1000 * pct(lv.ttft, .5):6.0f} ms  "
+                                  f"e2e p50 {1000 * pct(lv.e2e, .5):6.0f} p99 {1000 * pct(lv.e2e, .99):5.0f} ms  TTFT p50 {1000 * pct(lv.ttft, .5):6.0f} ms  "
                                   f"CPU {lv.cpu_ms_per_req:5.0f} ms/req  errors {lv.errors}", flush=True)
             if neighbour is not None:
                 neighbour.kill()
