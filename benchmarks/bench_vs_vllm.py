@@ -604,6 +604,32 @@ def compare_config(vllm_workdir: Path, temp_dir: Path) -> list[str]:
 
 # ---------------------------------------------------------------- reporting
 
+def print_ratios(by: dict, cond: str, vllm: str, targets: list[Target], modes: list[str], concs: list[int],
+                 rounds: int) -> None:
+    """Each hive target against plain vLLM, round by round."""
+    print(f"\n### {cond}: hive / vLLM, round by round (req/s ratio; c=1 TTFT and e2e p50 difference in ms)")
+    rows = []
+    for t in targets:
+        if t.server != "hive":
+            continue
+        for mode in modes:
+            for c in concs:
+                per_round = []
+                for r in range(rounds):
+                    a = next((lv for lv in by.get((cond, t.name, mode, c), []) if lv.round == r), None)
+                    b = next((lv for lv in by.get((cond, vllm, mode, c), []) if lv.round == r), None)
+                    if a and b and b.rps:
+                        s = f"{a.rps / b.rps:.2f}x"
+                        if c == 1:
+                            if mode == "stream":
+                                s += f" TTFT {1000 * (pct(a.ttft, .5) - pct(b.ttft, .5)):+.0f}"
+                            s += f" e2e {1000 * (pct(a.e2e, .5) - pct(b.e2e, .5)):+.0f}"
+                        s += f" CPU {a.cpu_ms_per_req / b.cpu_ms_per_req:.2f}x"
+                        per_round.append(s)
+                rows.append([t.name, mode, str(c), " / ".join(per_round)])
+    print(table(["target", "mode", "conc", "per round: throughput ratio, deltas, CPU/req ratio"], rows))
+
+
 def report(levels: list[Level], targets: list[Target], conditions: list[str], rounds: int, modes: list[str]) -> None:
     concs = sorted({lv.conc for lv in levels})
     by = {}
@@ -626,28 +652,9 @@ def report(levels: list[Level], targets: list[Target], conditions: list[str], ro
                                  fmt(med([lv.cpu_ms_per_req for lv in lvs]), 0), str(sum(lv.errors for lv in lvs))])
         print(table(["mode", "conc", "target", "req/s", "e2e p50 ms", "e2e p99 ms", "TTFT p50 ms", "TTFT p99 ms",
                      "server CPU ms/req", "errors"], rows))
-        print(f"\n### {cond}: hive / vLLM, round by round (req/s ratio; c=1 TTFT and e2e p50 difference in ms)")
-        rows = []
-        vllm = next(t.name for t in targets if t.server == "vllm")
-        for t in targets:
-            if t.server != "hive":
-                continue
-            for mode in modes:
-                for c in concs:
-                    per_round = []
-                    for r in range(rounds):
-                        a = next((lv for lv in by.get((cond, t.name, mode, c), []) if lv.round == r), None)
-                        b = next((lv for lv in by.get((cond, vllm, mode, c), []) if lv.round == r), None)
-                        if a and b and b.rps:
-                            s = f"{a.rps / b.rps:.2f}x"
-                            if c == 1:
-                                if mode == "stream":
-                                    s += f" TTFT {1000 * (pct(a.ttft, .5) - pct(b.ttft, .5)):+.0f}"
-                                s += f" e2e {1000 * (pct(a.e2e, .5) - pct(b.e2e, .5)):+.0f}"
-                            s += f" CPU {a.cpu_ms_per_req / b.cpu_ms_per_req:.2f}x"
-                            per_round.append(s)
-                    rows.append([t.name, mode, str(c), " / ".join(per_round)])
-        print(table(["target", "mode", "conc", "per round: throughput ratio, deltas, CPU/req ratio"], rows))
+        vllm = next((t.name for t in targets if t.server == "vllm"), None)
+        if vllm is not None:  # a run of the hive alone (e.g. to profile it) has nothing to divide by
+            print_ratios(by, cond, vllm, targets, modes, concs, rounds)
         top = max(concs)
         print(f"\n### {cond}: where the server CPU went at c={top}, streamed (ms per request, median over rounds)")
         comps = sorted({k for lv in levels if lv.condition == cond and lv.conc == top and lv.mode == "stream" for k in lv.cpu})
