@@ -136,8 +136,9 @@ class SimEngine(EngineBase):
         delay = float(kw.get("sim_start_delay_s") or 0.0)
         if kw.get("sim_cold_start"):
             delay += cold_start_s(self.replica.memory.weights)  # per rank: ranks load in parallel
-        if delay:
-            await asyncio.sleep(delay)
+        # by the wall clock its start is reported in: the loop's timers may fire a little early
+        while (left := self.start_began + delay - time.time()) > 0:
+            await asyncio.sleep(left)
         if kw.get("sim_fail_start"):
             raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
         self.start_ended = time.time()

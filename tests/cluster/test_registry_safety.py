@@ -68,8 +68,7 @@ def test_engines_sharing_a_device_start_one_at_a_time(clean):
         for info in (serve.get_deployment_handle("engine-r0", app_name=n).info.remote().result() for n in ("share-a", "share-b"))
     )
     (a0, a1), (b0, b1) = windows
-    # asyncio may fire a timer up to its clock resolution early (CI saw 1.99996 s)
-    assert a1 - a0 >= 1.95 and b1 - b0 >= 1.95
+    assert a1 - a0 >= 2 and b1 - b0 >= 2
     assert b0 >= a1, f"starts overlapped: {windows}"
     assert sorted(hive.gpus()[device]["replicas"]) == ["share-a/r0", "share-b/r0"]
 
