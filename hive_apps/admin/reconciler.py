@@ -125,8 +125,9 @@ class Reconciler(ControlPlane):
             return None
         if rec.status is ModelStatus.DELETING:
             await self._drain(rec)
-            await self._remove_app(model_id)
+            await self._stop_engines(rec)
             await self._ask("deleted", rec, version=rec.version)
+            await self._remove_app(model_id)  # the record is gone already: the router may drain at leisure
             return None
         if rec.retiring and rec.status in (ModelStatus.READY, ModelStatus.DEGRADED):
             return await self._retire(rec)
@@ -155,6 +156,19 @@ class Reconciler(ControlPlane):
         if app in states:
             await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
             log.info("removed the app of %s", model_id)
+
+    async def _stop_engines(self, rec: ModelRecord) -> None:
+        """Take a deleted model's engines away before its app: behind Serve's HAProxy ingress
+        (the quickstart's and the manifests' setting) a removed ingress replica, the model's
+        router, stays reachable for 30 s so load balancers can deregister it (Ray 2.60's
+        ``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``), and removing the whole app waited
+        that long before the record ended and its reservations were released. The engines are
+        not ingress: rebuilt router-only, as a parked model is, they stop within seconds, and
+        what they still hold until then counts as measured memory, as after a park."""
+        state = await self._app_state(rec.model_id)
+        if any(names.is_engine_deployment(d) for d in state.deployments):
+            await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
+            log.info("%s deleted: engines removed, the app goes next", rec.model_id)
 
     async def _drain(self, rec: ModelRecord, indices: list[int] | None = None) -> None:
         """Wait until no request is in flight in the model's engines (or only these replicas), at

@@ -370,3 +370,24 @@ async def test_a_restarted_registry_answers_followers_at_once(hive):
     t0 = time.monotonic()
     view = await hive.registry.watch(seen, 5)
     assert time.monotonic() - t0 < 0.5 and [r.model_id for r in view.models] == ["m"]
+
+
+async def test_a_delete_ends_the_record_and_its_reservations_before_the_app_goes(hive, monkeypatch):
+    """Removing a model's app can take 30 s behind Serve's HAProxy ingress (its router is the
+    app's ingress and stays reachable that long while load balancers deregister it): the engines
+    go first, then the record and its reservations, then the app."""
+    await hive.deploy("m", gpu="node-a:gpu0")
+    assert (await hive.settle("m")).status is ModelStatus.READY
+    seen = {}
+    delete_app = hive.cluster.delete_app
+
+    def slow_delete_app(name: str) -> None:
+        seen.update(engines=[rp.index for rp in hive.cluster.apps[name].plan.replicas],
+                    record="m" in hive.registry.book.records, reserved=hive.reserved("m"))
+        delete_app(name)
+
+    monkeypatch.setattr(hive.cluster, "delete_app", slow_delete_app)
+    await hive.registry.transition("delete", "m")
+    await hive.settle("m")
+    assert seen == {"engines": [], "record": False, "reserved": {}}
+    assert "m" not in hive.cluster.apps and hive.cluster.deleted == ["m"]
