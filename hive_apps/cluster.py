@@ -104,7 +104,9 @@ class RayCluster:
     def __init__(self) -> None:
         self._handles: dict[str, Any] = {}
         self._serve_lock = threading.Lock()
-        self._monitors: dict[str, Any] = {}
+        self._monitors: dict[str, Any] = {}  # node id -> its monitor actor
+        # the registry samples (every second) and resets in threads of its own (off_loop)
+        self._monitors_lock = threading.Lock()
 
     # --- Serve applications ---------------------------------------------------------------
     def app_states(self) -> dict[str, AppState]:
@@ -183,30 +185,34 @@ class RayCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         alive = {n.node_id: n for n in nodes if n.alive}
-        for node_id in [i for i in self._monitors if i not in alive]:
-            del self._monitors[node_id]
-        for node_id, n in alive.items():
-            if node_id not in self._monitors:
-                self._monitors[node_id] = ray.remote(num_cpus=0)(NodeMonitor).options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                ).remote(node_id, n.labels)
-        ids = list(self._monitors)
-        refs = [self._monitors[i].sample.remote() for i in ids]
+        with self._monitors_lock:
+            for node_id in [i for i in self._monitors if i not in alive]:
+                del self._monitors[node_id]
+            for node_id, n in alive.items():
+                if node_id not in self._monitors:
+                    self._monitors[node_id] = ray.remote(num_cpus=0)(NodeMonitor).options(
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                    ).remote(node_id, n.labels)
+            monitors = dict(self._monitors)
+        refs = {node_id: actor.sample.remote() for node_id, actor in monitors.items()}
         out: dict[str, NodeSample | Exception] = {}
-        for node_id, ref in zip(ids, refs):
+        for node_id, ref in refs.items():
             try:
                 out[node_id] = ray.get(ref, timeout=30)
             except Exception as e:  # the node's monitor died or hangs: ask a new one next time
                 out[node_id] = e
-                self._monitors.pop(node_id, None)
+                with self._monitors_lock:
+                    if self._monitors.get(node_id) is monitors[node_id]:  # not one made since
+                        del self._monitors[node_id]
         return out
 
     def reset_monitors(self) -> None:
         import ray
 
-        for actor in self._monitors.values():
+        with self._monitors_lock:
+            monitors, self._monitors = list(self._monitors.values()), {}
+        for actor in monitors:
             ray.kill(actor)
-        self._monitors.clear()
 
     # --- durable state ------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> bytes | None:

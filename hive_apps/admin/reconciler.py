@@ -9,7 +9,8 @@ killed at any point: a new admin replica reads the same record and takes the sam
                        every replica that should run is healthy -> ``started``
                        an engine failed, or the deadline passed -> ``fail`` / ``heal_failed``
     degraded           replicas lost, self-healing on, not pinned -> plan replacements, ``heal``
-    deleting           drain (bounded), remove the app -> ``deleted`` (or destroyed, for idleness)
+    deleting           drain (bounded), rebuild the app without engines -> ``deleted`` (or destroyed, for
+                       idleness), then remove the app (its router may drain 30 s behind HAProxy)
     sleeping           resident: drain (bounded); engines that can sleep (vLLM sleep mode) -> ``doze``
                        (the registry picks level 1 or 2), put them to sleep -> ``dozed``; others:
                        rebuild the app with its router only -> ``parked``

@@ -21,7 +21,7 @@ from hive_apps import metrics, names
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
-from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
+from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, gone_message
 from hive_apps.routing.media import remote_media_problem
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
@@ -29,8 +29,6 @@ from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, re
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
-
-FIRST_VIEW_TIMEOUT_S = 10.0
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})

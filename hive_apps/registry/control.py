@@ -16,7 +16,7 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     heal_failed   healing                       degraded                admin: a replacement failed
     note          any                           (same)                  admin: a message, a back-off
     delete        any                           deleting                admin: DELETE /models/{id}
-    deleted       deleting                      (removed) | destroyed   admin: the app is gone
+    deleted       deleting                      (removed) | destroyed   admin: its engines stop (the app goes next)
     sleep         ready | degraded              sleeping                admin: idle past sleep_timeout, or evicted
     doze          sleeping (resident)           (same), level 1 or 2    admin: drained; its engines can sleep
     dozed         sleeping (level, resident)    (same), not resident    admin: its engines slept
@@ -257,7 +257,7 @@ class ModelBook:
         rec = self._current(model_id, "delete", None, ANY)
         if rec.status is ModelStatus.DELETING and not rec.destroy_reason:
             return Change(model_id, rec)
-        rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "removing the app, then its reservations", ""
+        rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "stopping its engines, then releasing its reservations", ""
         return self._commit(rec)
 
     def deleted(self, model_id: str, version: int) -> Change:

@@ -21,6 +21,9 @@ log = logging.getLogger("ray.serve")
 
 WATCH_S = 30.0
 RETRY_S = 0.5
+# The longest a request that reaches a just-started gateway or router waits for the registry's
+# first answer (usually milliseconds): before it, neither can tell which models exist or their state.
+FIRST_VIEW_TIMEOUT_S = 10.0
 
 
 def live_plan(rec: ModelRecord) -> Plan:

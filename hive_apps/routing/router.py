@@ -9,6 +9,7 @@ getting requests as soon as the registry records the loss.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -23,7 +24,7 @@ from hive_apps.routing.media import remote_media_problem
 from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, respond_for, too_large
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
-from hive_apps.routing.follow import ModelReplicas, follow_registry, model_object
+from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
@@ -43,9 +44,11 @@ class Router:
             self.replicas = first
             self._sets.adopt(model_id, replicas, first)
         self._hold = WakeHold(self.settings)
+        self._first_view = asyncio.Event()  # the registry's first answer came
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
     def _on_models(self, records: list[ModelRecord]) -> None:
+        self._first_view.set()
         rec = next((r for r in records if r.model_id == self.model_id), None)
         self._hold.on_models({rec.model_id: rec} if rec is not None else {})
         if rec is None:
@@ -75,6 +78,9 @@ class Router:
         reason = check_api_key(self.settings, request.headers.get("authorization"))
         if reason:
             return openai_error(401, reason)
+        if not self._first_view.is_set():  # a router just started: its model's record is on its way
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._first_view.wait(), FIRST_VIEW_TIMEOUT_S)
         root = request.scope.get("root_path", "")
         path = request.url.path[len(root):] if root and request.url.path.startswith(root) else request.url.path
         path = path or "/"

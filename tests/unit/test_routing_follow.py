@@ -28,3 +28,43 @@ async def test_a_lost_replica_leaves_the_replica_set_and_a_moved_one_is_rebuilt(
         await asyncio.sleep(0)
     finally:
         set_cluster(None)
+
+
+async def test_a_router_that_just_started_waits_for_its_models_record(monkeypatch):
+    """A request that reaches a new router before the registry's first answer waited for nothing:
+    the router answered 404 for its own model (seen once in the cluster tier, right after a
+    deploy). It now waits for that answer."""
+    import httpx
+    from starlette.requests import Request
+
+    from hive_apps.routing import router as router_module
+    from tests.unit.test_controller import SETTINGS
+
+    h = Hive(FakeCluster({"node-a": "H100-80GB"}))
+    try:
+        await h.start_registry()
+        await h.sample()
+        await h.deploy("m")
+        rec = await h.settle("m")
+        watch = h.registry.watch
+
+        async def slow_first_watch(after, timeout_s):
+            if after == -1:
+                await asyncio.sleep(0.3)
+            return await watch(after, timeout_s)
+
+        monkeypatch.setattr(h.registry, "watch", slow_first_watch)
+        monkeypatch.setattr(router_module, "get_settings", lambda: SETTINGS)
+        router = router_module.Router("m", [h.cluster.engine_handle("m", 0)], rec.plan.replicas, 8)
+
+        async def app(scope, receive, send):
+            await (await router._answer(Request(scope, receive)))(scope, receive, send)
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
+            r = await client.get("/v1/models/m")
+        assert r.status_code == 200 and r.json()["id"] == "m"
+        router._follower.cancel()
+        router.replicas.close()
+        await asyncio.sleep(0)
+    finally:
+        set_cluster(None)
