@@ -421,8 +421,9 @@ def ray_bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict,
-               settle_s: float = 0.0) -> tuple[str, dict, Path]:
+def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tuple[str, Path, dict[str, float]]:
+    """A Ray head of its own with ``serve_configs/hive.yaml`` deployed, up to ``/admin/healthz``:
+    (the hive's URL, Ray's temp dir, the times it took)."""
     ports = {k: free_port() for k in ("gcs", "dashboard", "client", "http", "nm", "om", "metrics", "agent_http",
                                        "agent_grpc", "runtime_env")}
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))  # short: Ray's socket paths must fit 107 bytes
@@ -455,6 +456,15 @@ def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     t_health = wait_http(lambda: httpx.get(f"{url}/admin/healthz", headers=admin, timeout=5).status_code == 200,
                          300, "/admin/healthz", proc)
+    return url, temp_dir, {"t0": t0, "t_ray": t_ray, "t_health": t_health}
+
+
+def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict,
+               settle_s: float = 0.0) -> tuple[str, dict, Path]:
+    """The hive with the model deployed over ``POST /admin/models?wait=true``, timed and split."""
+    url, temp_dir, t = start_hive_apps(workdir, extra_env, trees)
+    t0, t_ray, t_health = t["t0"], t["t_ray"], t["t_health"]
+    proc, tree, admin = trees["hive"].popen, trees["hive"], {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     time.sleep(settle_s)  # --settle: a deploy that comes a while after the hive started
     spec = {"model_id": MODEL_ID, "model": model, "max_input_prompt_length": MAX_INPUT,
             "max_output_prompt_length": MAX_OUTPUT, "vllm_kwargs": dict(ENGINE)}

@@ -63,7 +63,7 @@ class Cluster(Protocol):
     def app_states(self) -> dict[str, AppState]: ...
     def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
                       generations: dict[int, int]) -> None: ...
-    def delete_app(self, name: str) -> None: ...
+    def delete_app(self, name: str) -> None: ...  # asks; the app may still be listed for a while
     # --- handles (cached) ---
     def app_handle(self, name: str) -> Any: ...
     def engine_handle(self, model_id: str, index: int) -> Any: ...
@@ -152,10 +152,14 @@ class RayCluster:
                 time.sleep(0.2 * attempt)
 
     def delete_app(self, name: str) -> None:
+        """Ask Serve to remove the app; does not wait for it to go. Behind Serve's HAProxy ingress
+        its ingress replica stays reachable for 30 s, and a waiting call holds one of the few
+        threads every seam call runs in (``off_loop``): four deletes at once held up a deploy
+        for 22 s (``benchmarks/bench_deploy_delete.py``)."""
         from ray import serve
 
         if name in serve.status().applications:
-            serve.delete(name, _blocking=True)
+            serve.delete(name, _blocking=False)
 
     # --- handles ----------------------------------------------------------------------------
     def app_handle(self, name: str) -> Any:

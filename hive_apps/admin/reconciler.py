@@ -152,11 +152,20 @@ class Reconciler(ControlPlane):
         return outcome
 
     async def _remove_app(self, model_id: str) -> None:
+        """Remove the model's app and wait until Serve no longer lists it (a new deploy of the same
+        id must not meet the old app), at most SERVE_TIMEOUT_S; the wait holds no thread."""
         app = names.model_app(model_id)
         states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
-        if app in states:
-            await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
-            log.info("removed the app of %s", model_id)
+        if app not in states:
+            return
+        await off_loop(self.cluster.delete_app, app, timeout=SERVE_TIMEOUT_S)
+        deadline = time.monotonic() + SERVE_TIMEOUT_S
+        while app in await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S):
+            if time.monotonic() > deadline:
+                log.warning("the app of %s is still being removed after %.0fs", model_id, SERVE_TIMEOUT_S)
+                return
+            await asyncio.sleep(POLL_S)
+        log.info("removed the app of %s", model_id)
 
     async def _stop_engines(self, rec: ModelRecord) -> None:
         """Take a deleted model's engines away before its app: behind Serve's HAProxy ingress

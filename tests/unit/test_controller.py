@@ -13,7 +13,7 @@ import pytest
 from hive_apps import names
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import POLL_S, Reconciler
-from hive_apps.cluster import set_cluster
+from hive_apps.cluster import AppState, set_cluster
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState
 from hive_apps.settings import HiveSettings
@@ -391,3 +391,26 @@ async def test_a_delete_ends_the_record_and_its_reservations_before_the_app_goes
     await hive.settle("m")
     assert seen == {"engines": [], "record": False, "reserved": {}}
     assert "m" not in hive.cluster.apps and hive.cluster.deleted == ["m"]
+
+
+
+async def test_removing_an_app_waits_until_serve_no_longer_lists_it(hive, monkeypatch):
+    """Serve's delete only asks (a blocking one held a seam thread for the 30 s an ingress replica
+    drains behind HAProxy); the reconciler polls until the app is gone, so a new deploy of the
+    same id never meets the old app."""
+    await hive.deploy("m", gpu="node-a:gpu0")
+    await hive.settle("m")
+    app_states, draining = hive.cluster.app_states, [3]  # Serve lists it 3 more times after the delete
+
+    def app_states_while_draining() -> dict[str, AppState]:
+        states = app_states()
+        if "m" in hive.cluster.deleted and draining[0]:
+            draining[0] -= 1
+            states["m"] = AppState(status="DELETING", deployments={names.ROUTER_DEPLOYMENT: "HEALTHY"})
+        return states
+
+    monkeypatch.setattr("hive_apps.admin.reconciler.POLL_S", 0.01)
+    monkeypatch.setattr(hive.cluster, "app_states", app_states_while_draining)
+    await hive.registry.transition("delete", "m")
+    assert await hive.step("m") is None  # one step: engines, record, app
+    assert draining == [0] and hive.cluster.deleted == ["m"]
