@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from hive_apps import metrics, names
 from hive_apps.auth import check_api_key, warn_if_open
+from hive_apps.cluster import get_cluster
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
@@ -53,6 +54,12 @@ class Gateway:
         if not self._seen.is_set():
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
         return {k: r for k, r in self._records.items() if r.status in LISTED}
+
+    async def _newer_record(self, model_id: str) -> ModelRecord | None:
+        """A model this gateway has not heard of yet may be one whose deploy answered ready a moment
+        before the registry's long-poll reached here: ask the registry once before a 404."""
+        rec = await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
+        return rec if rec is not None and rec.status in LISTED else None
 
     async def __call__(self, request: Request) -> Response:
         response = await self._answer(request)
@@ -91,6 +98,10 @@ class Gateway:
             return openai_error(400, *problem)
         models = await self.listed_models()
         if fields.model not in models:
+            rec = await self._newer_record(fields.model)
+            if rec is not None:
+                request.state.model = fields.model
+                return await respond_for(rec, self._replicas.of, self._hold, req, fields)
             gone = gone_message(self._records.get(fields.model), fields.model)
             known = ", ".join(models) or "none yet"
             return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).", "model")
