@@ -32,18 +32,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_vs_vllm import ADMIN_TOKEN, API_KEY, ROOT, start_hive_apps  # noqa: E402
+from bench_vs_vllm import ADMIN_TOKEN, API_KEY, FLOOR_DRIVER, ROOT, start_hive_apps  # noqa: E402
 
 # The floor: the same steps with Ray Serve's own API, from a driver of the hive's cluster.
-FLOOR = """
-import json, sys, time
-import httpx, ray
-from ray import serve
-ray.init(address=sys.argv[1], logging_level="ERROR")
-@serve.deployment(ray_actor_options={"num_cpus": 0})
-class Floor:
-    async def __call__(self, request):
-        return "ok"
+FLOOR = FLOOR_DRIVER + """
+import json, time
+import httpx
 for i in range(int(sys.argv[3])):
     name = f"floor{i}"
     t = time.time()

@@ -716,7 +716,8 @@ def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: di
 
 
 HIVE_REPLICAS = ("router", "gateway", "admin", "registry", "planner")  # the hive's Serve replicas beside the engine's
-FLOOR_APP = """
+# A driver of the cluster at argv[1] with a do-nothing Serve deployment, ``Floor``: the floors start from it.
+FLOOR_DRIVER = """
 import sys
 import ray
 from ray import serve
@@ -725,7 +726,8 @@ ray.init(address=sys.argv[1], logging_level="ERROR")
 class Floor:
     async def __call__(self, request):
         return "ok"
-serve.run(Floor.bind(), name="bench-floor", route_prefix="/bench-floor")
+"""
+FLOOR_APP = FLOOR_DRIVER + """serve.run(Floor.bind(), name="bench-floor", route_prefix="/bench-floor")
 """
 
 

@@ -61,6 +61,14 @@ class Hive:
 
         return set(serve.status().applications)
 
+    def wait_app_gone(self, name: str, timeout: float = 60.0) -> set[str]:
+        """Serve's apps once ``name`` is gone or ``timeout`` passed: a deleted model's app goes after
+        its record (its router drains for 30 s behind Serve's HAProxy ingress)."""
+        deadline = time.time() + timeout
+        while name in (apps := self.serve_apps()) and time.time() < deadline:
+            time.sleep(0.5)
+        return apps
+
 
 def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Hive:
     """Start a cluster (head + ``nodes``), deploy the hive config, and wait for /admin/healthz."""

@@ -177,7 +177,7 @@ class Reconciler(ControlPlane):
         what they still hold until then counts as measured memory, as after a park."""
         state = await self._app_state(rec.model_id)
         if any(names.is_engine_deployment(d) for d in state.deployments):
-            await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
+            await self._build_router_only(rec)
             log.info("%s deleted: engines removed, the app goes next", rec.model_id)
 
     async def _drain(self, rec: ModelRecord, indices: list[int] | None = None) -> None:
@@ -269,8 +269,12 @@ class Reconciler(ControlPlane):
         await self._ask("parked", rec)
 
     async def _park_app(self, rec: ModelRecord) -> None:
-        await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
+        await self._build_router_only(rec)
         log.info("%s parked: engines removed, router kept", rec.model_id)
+
+    async def _build_router_only(self, rec: ModelRecord) -> None:
+        """The model's app without its engines: they stop, the router (its route, held requests) stays."""
+        await self._build(rec, leave_out=[rp.index for rp in rec.plan.replicas])
 
     async def _wake(self, rec: ModelRecord) -> float | None:
         """A parked model must run again: plan it where there is room, making room if need be."""

@@ -159,10 +159,7 @@ def test_idle_destroy_frees_memory_and_requests_learn_why(clean):
     body = wait_status(hive, "brief", "destroyed")
     assert "idle_timeout 1s" in body["message"]
     assert hive.gpus()["node-b:gpu2"]["reserved_bytes"] == 0
-    deadline = time.time() + 60  # the app goes after the record's end (its router may drain behind HAProxy)
-    while "brief" in hive.serve_apps() and time.time() < deadline:
-        time.sleep(0.5)
-    assert "brief" not in hive.serve_apps()
+    assert "brief" not in hive.wait_app_gone("brief")
     r = httpx.post(f"{hive.url}/v1/chat/completions", json=chat("brief"), headers=AUTH, timeout=30)
     assert r.status_code == 404 and "destroyed" in r.json()["error"]["message"]
     assert hive.deploy(**sim_spec("brief", gpu="node-b:gpu2")).status_code == 200  # the memory is free again

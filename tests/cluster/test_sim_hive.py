@@ -56,11 +56,7 @@ def test_deploy_chat_stream_delete(clean):
     r = hive.admin.delete("/models/sim-chat")
     assert r.status_code == 200
     assert hive.gpus()["node-a:gpu0"]["reserved_bytes"] == 0
-    # the app goes after the record (its router drains for 30 s behind Serve's HAProxy ingress)
-    deadline = time.time() + 60
-    while "sim-chat" in hive.serve_apps() and time.time() < deadline:
-        time.sleep(0.5)
-    assert "sim-chat" not in hive.serve_apps()
+    assert "sim-chat" not in hive.wait_app_gone("sim-chat")
     models = httpx.get(f"{hive.url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert "sim-chat" not in [m["id"] for m in models["data"]]
 
