@@ -132,6 +132,8 @@ def main() -> int:
         print(f"\nmedians: hive ({args.rounds}): POST -> ready {med[0]:.2f}s, first chat after ready {med[1]:.2f}s, "
               f"DELETE {med[2]:.2f}s; plain Serve ({len(floor)}): serve.run {fmed[0]:.2f}s, first answer "
               f"{fmed[1]:.2f}s, serve.delete {fmed[2]:.2f}s")
+        print(f"hive / plain Serve: deploy {med[0] / fmed[0]:.2f}x, first answer {med[1] / fmed[1]:.2f}x, "
+              f"delete {med[2] / fmed[2]:.3f}x")
     finally:
         for t in trees.values():
             t.stop()
