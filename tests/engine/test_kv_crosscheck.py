@@ -58,6 +58,10 @@ Nemotron-NAS block configs. Sparse MLA (no CPU backend) is checked with vLLM's o
 MLA spec; the vLLM registry snapshot the planner refuses dropped architectures with is compared to
 vLLM's registry.
 
+The oracle follows the GPU layout the planner plans for, never this host's CPU kernels: every test
+runs on both of vLLM's x86 CPU paths (AMX, and AVX-512 without AMX) by patching torch's CPU feature
+checks, whatever this host has (``CPU_PATHS``).
+
 Run ``python tests/engine/test_kv_crosscheck.py`` to print the table of KV bytes per token,
 project vs vLLM, for every fixture; ``--registry`` rewrites hive_apps/planning/profile/vllm_registry.py
 from the installed vLLM.
@@ -107,6 +111,36 @@ def _inspect_in_process() -> object:
     original = registry._run_in_subprocess
     registry._run_in_subprocess = lambda fn: fn()
     return original
+
+
+# vLLM's CPU platform picks kernels, block sizes and state dtypes by what the host CPU has
+# (``torch.cpu._is_amx_tile_supported`` / ``_is_avx512_bf16_supported``): the MLA block size, the MXFP4
+# MoE experts (AMX only), the GDN state dtype. Every test here runs once on each x86 path, whatever
+# this host has, so a check that holds on one path only fails on every machine, not on some.
+CPU_PATHS = {"amx": (True, True),  # Intel Sapphire Rapids and later: AMX tiles and AVX512-BF16
+             "avx512": (False, True)}  # AMD Zen 4/5 (no AMX), AVX512-BF16
+
+
+@pytest.fixture(scope="module", params=sorted(CPU_PATHS), autouse=True)
+def cpu_path(request):
+    import torch
+
+    amx, avx512_bf16 = CPU_PATHS[request.param]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        mp.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        yield request.param
+
+
+def test_the_cpu_path_is_the_one_patched(cpu_path):
+    """vLLM asks torch each time, so the patch decides the path (the MLA block-size rule shows it)."""
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+
+    mc = _model_config("deepseek-ai__DeepSeek-V2-Lite")
+    vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=64),
+                    scheduler_config=SchedulerConfig(max_model_len=4096, max_num_batched_tokens=2048,
+                                                     is_encoder_decoder=False))
+    assert vc.cache_config.block_size == (64 if cpu_path == "amx" else 16)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -430,9 +464,25 @@ def meta_build():
 
 
 class Built:
-    """vLLM's model for one fixture at one TP size, built on the meta device."""
+    """vLLM's model for one fixture at one TP size, built on the meta device.
+
+    ``moe_as_amx``: this CPU path has no MoE kernel for the checkpoint (vLLM's CPU MXFP4 experts need
+    AMX; without AMX its grouped GEMM needs 32-aligned dimensions, which gpt-oss at TP 8 is not), so the
+    layers were built with AMX reported, as vLLM builds them on an AMX CPU. Nothing runs on the meta
+    device, and the attention layers' KV specs do not depend on the MoE kernel; the config (block size,
+    state dtypes) is still this path's."""
 
     def __init__(self, name: str, tp: int, max_model_len: int | None = None, max_num_batched_tokens: int = 2048):
+        self.moe_as_amx = False
+        try:
+            self._build(name, tp, max_model_len, max_num_batched_tokens)
+        except NotImplementedError as exc:
+            if "MoE backend supports" not in str(exc):
+                raise
+            self.moe_as_amx = True
+            self._build(name, tp, max_model_len, max_num_batched_tokens)
+
+    def _build(self, name: str, tp: int, max_model_len: int | None, max_num_batched_tokens: int) -> None:
         import torch
         import vllm.distributed.parallel_state as ps
         from vllm.config import ModelConfig, set_current_vllm_config
@@ -459,8 +509,14 @@ class Built:
             torch.cpu._is_avx512_bf16_supported = avx512_bf16
         ps._TP.world_size = tp  # read when the layers are built and again when their specs are asked for
         try:
-            with set_current_vllm_config(self.vc), torch.device("meta"):
-                model = initialize_model(vllm_config=self.vc)
+            amx = torch.cpu._is_amx_tile_supported
+            if self.moe_as_amx:
+                torch.cpu._is_amx_tile_supported = lambda: True
+            try:
+                with set_current_vllm_config(self.vc), torch.device("meta"):
+                    model = initialize_model(vllm_config=self.vc)
+            finally:
+                torch.cpu._is_amx_tile_supported = amx
             self.specs = {}
             for layer_name, layer in get_layers_from_vllm_config(self.vc, AttentionLayerBase).items():
                 if getattr(layer, "kv_sharing_target_layer_name", None):
@@ -487,7 +543,8 @@ class Built:
 
 
 @lru_cache(maxsize=None)
-def built(name: str, tp: int) -> Built:
+def built(name: str, tp: int, cpu_path: str) -> Built:
+    """``cpu_path`` keys the cache: the same fixture is built once on each CPU path."""
     return Built(name, tp)
 
 
@@ -496,13 +553,14 @@ def _built_cases() -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("name,tp", _built_cases())
-def test_kv_of_the_built_model_matches(name, tp, meta_build):
+def test_kv_of_the_built_model_matches(name, tp, meta_build, cpu_path):
     """Every attention layer's own spec: bytes per token, and per layer kind and page, to the byte."""
     from collections import Counter
 
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec, SlidingWindowSpec
 
-    b, p = built(name, tp), profile(name)
+    b, p = built(name, tp, cpu_path), profile(name)
+    assert not b.moe_as_amx or (cpu_path != "amx" and p.num_experts)
     attention = [s for s in b.specs.values() if isinstance(s, AttentionSpec)]
     assert p.kv_bytes_per_token(tp) == sum(s.page_size_bytes // s.block_size for s in attention)
     theirs = Counter(("sliding" if isinstance(s, SlidingWindowSpec) else "full", s.page_size_bytes // s.block_size)
@@ -517,16 +575,17 @@ def test_kv_of_the_built_model_matches(name, tp, meta_build):
 
 
 @pytest.mark.parametrize("name", [n for n in BUILT if n not in QUANTIZED])
-def test_parameters_of_the_built_model_match(name, meta_build):
+def test_parameters_of_the_built_model_match(name, meta_build, cpu_path):
     """The planner's parameter count is never below the built model's and at most 1 % above (BERT's
     pooler, norms it counts generously); per rank at TP=2 at most 3 % above (vocab padding per shard,
     small tensors it counts as replicated)."""
     p = profile(name)
-    b = built(name, 1)
+    b = built(name, 1, cpu_path)
     assert b.numel <= p.num_params <= b.numel * 1.01
     if p.tp_problem(2) is None and p.quant is None:
         per_rank = p.weight_bytes_per_rank(2) / p.dtype_bytes
-        assert built(name, 2).numel <= per_rank <= built(name, 2).numel * 1.03
+        b2 = built(name, 2, cpu_path)
+        assert b2.numel <= per_rank <= b2.numel * 1.03
 
 
 POOL_NAMES = ["google__gemma-2-9b", "google__gemma-3-1b-it", "openai__gpt-oss-20b", "meta-llama__Llama-3.1-8B",
@@ -558,7 +617,7 @@ def test_request_pool_of_the_built_model_matches(name, max_model_len, tokens, me
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build):
+def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build, cpu_path):
     """DeepSeek-V3.2-style sparse MLA: vLLM's own ``Indexer`` (built on the meta device) gives the
     indexer cache spec; the latent is MLAAttention's spec with the cache dtype FlashMLA-sparse
     serves (``_canonicalize_sparse_mla_kv_cache_dtype``: any fp8 cache becomes fp8_ds_mla). Every
@@ -576,10 +635,14 @@ def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build):
     vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=64, cache_dtype=kv_cache_dtype),
                     scheduler_config=SchedulerConfig(max_model_len=mc.max_model_len, max_num_batched_tokens=2048,
                                                      is_encoder_decoder=False))
+    # FlashMLA-sparse's 64-token blocks, as on a GPU: without AMX, vLLM's CPU platform overrides an MLA
+    # model's block size to 16 for its reference CPU MLA kernel when the config is made
+    vc.cache_config.block_size = 64
     with set_current_vllm_config(vc), torch.device("meta"):
         indexer = Indexer(vc, mc.hf_config, mc.hf_config.hidden_size, mc.hf_config.q_lora_rank, None,
                           vc.cache_config, None, "model.layers.0.self_attn.indexer")
     index_spec = indexer.k_cache.get_kv_cache_spec(vc)
+    assert index_spec.block_size == 64
     cache = _canonicalize_sparse_mla_kv_cache_dtype(FlashMLASparseBackend, kv_cache_dtype)
     latent = MLAAttentionSpec(block_size=64, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
                               dtype=kv_cache_dtype_str_to_dtype(cache, mc), cache_dtype_str=cache,
