@@ -1,8 +1,8 @@
 """The one seam between the hive's logic and Ray / Serve.
 
 Every Ray and Serve call the control plane makes (``serve.run_many``, ``serve.delete``,
-``serve.status``, handle lookups, internal KV, ``ray.nodes``, the per-node monitor actors)
-goes through a ``Cluster``. The registry and the admin take theirs from ``get_cluster()``;
+``serve.status``, handle lookups, internal KV, ``ray.nodes``, the per-node monitor and weight
+fetcher actors) goes through a ``Cluster``. The registry and the admin take theirs from ``get_cluster()``;
 unit tests install an in-memory fake with ``set_cluster()`` and run the same logic without
 Ray, as Serve's own ``ActorReplicaWrapper`` lets its controller run against fakes.
 
@@ -52,6 +52,25 @@ class NodeMonitor:
         return sample_node(self.node_id, self.labels)
 
 
+class NodeFetcher:
+    """Lives on one node (a detached Ray actor, so a download outlives the admin that asked for it)
+    and fills that node's weight cache (``hive_apps/weights/fetcher.py``). The cache folder and the
+    source credentials are read from this node's own environment, never sent from another node."""
+
+    def __init__(self, node_name: str):
+        from hive_apps.settings import get_settings
+        from hive_apps.weights.fetcher import WeightFetcher
+
+        settings = get_settings()
+        self.fetcher = WeightFetcher(settings.weights_cache, node_name, settings.fetch_workers)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.fetcher, method)(*args)
+
+
+FETCHER_CALL_TIMEOUT_S = 30.0
+
+
 class NodeInfo(BaseModel):
     node_id: str
     alive: bool
@@ -71,6 +90,7 @@ class Cluster(Protocol):
     def nodes(self) -> list[NodeInfo]: ...
     def sample_nodes(self, nodes: list[NodeInfo]) -> dict[str, NodeSample | Exception]: ...
     def reset_monitors(self) -> None: ...
+    def fetcher_call(self, node_id: str, method: str, *args: Any) -> Any: ...  # ``WeightFetcher.<method>`` there
     # --- durable state (Ray internal KV) ---
     def kv_get(self, namespace: str, key: str) -> bytes | None: ...
     def kv_put(self, namespace: str, key: str, value: bytes) -> None: ...
@@ -107,6 +127,7 @@ class RayCluster:
         self._monitors: dict[str, Any] = {}  # node id -> its monitor actor
         # the registry samples (every second) and resets in threads of its own (off_loop)
         self._monitors_lock = threading.Lock()
+        self._fetchers: dict[str, Any] = {}  # node id -> its weight fetcher actor
 
     # --- Serve applications ---------------------------------------------------------------
     def app_states(self) -> dict[str, AppState]:
@@ -217,6 +238,32 @@ class RayCluster:
             monitors, self._monitors = list(self._monitors.values()), {}
         for actor in monitors:
             ray.kill(actor)
+
+    def fetcher_call(self, node_id: str, method: str, *args: Any) -> Any:
+        """Call the weight fetcher of one node, made there the first time (one per node, named, so
+        every admin replica and every restart of one finds the same download in progress)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from hive_apps.registry.monitor import node_name_of
+        from hive_apps.settings import get_settings
+
+        actor = self._fetchers.get(node_id)
+        if actor is None:
+            labels = next((n.labels for n in self.nodes() if n.node_id == node_id), None)
+            if labels is None:
+                raise LookupError(f"node {node_id[:12]} is not in the cluster")
+            actor = ray.remote(NodeFetcher).options(
+                name=f"hive-fetcher-{node_id}", namespace=get_settings().state_namespace, get_if_exists=True,
+                lifetime="detached", num_cpus=0, max_concurrency=16,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(node_name_of(node_id, labels))
+            self._fetchers[node_id] = actor
+        try:
+            return ray.get(actor.call.remote(method, *args), timeout=FETCHER_CALL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            self._fetchers.pop(node_id, None)  # dead or stuck: the next call looks it up again
+            raise
 
     # --- durable state ------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> bytes | None:

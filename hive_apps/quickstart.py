@@ -70,7 +70,8 @@ def wait_for(url: str, headers: dict[str, str], timeout: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="local folder or cached Hugging Face name (default: the built-in tiny model)")
+    ap.add_argument("--model", help="a Hub repo (org/name[@revision]), s3://bucket/prefix or a folder "
+                                    "(default: the built-in tiny model)")
     ap.add_argument("--model-id", default=None)
     ap.add_argument("--gpu", nargs="*", help='device pins such as "local:gpu0" (default: automatic)')
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -90,7 +91,8 @@ def main() -> int:
         model = str(build_tiny_model(get_settings().model_cache_dir / "tiny-chat"))
         vllm_kwargs = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
         print(f"Built the tiny offline model at {model}")
-    model_id = args.model_id or ("tiny-chat" if args.model is None else Path(model).name.lower().replace("_", "-").replace(".", "-"))
+    model_id = args.model_id or ("tiny-chat" if args.model is None else
+                                 Path(model.split("@")[0].rstrip("/")).name.lower().replace("_", "-").replace(".", "-"))
 
     ensure_ray_head(env)
     print("Deploying serve_configs/hive.yaml ...")

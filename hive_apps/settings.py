@@ -41,7 +41,7 @@ class HiveSettings(BaseSettings):
     auth_disabled: bool = Field(False, description="Allow requests where no token/key is configured (logs a warning).")
     memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the planner may use.")
     monitor_interval_s: float = Field(1.0, gt=0, description="Seconds between device samples of every node.")
-    deploy_timeout_s: float = Field(900.0, gt=0, description="Deadline for every replica of a deploy to become ready.")
+    deploy_timeout_s: float = Field(900.0, gt=0, description="Deadline for every replica of a deploy to become ready once its weights are on its node.")
     pending_reservation_ttl_s: float = Field(960.0, gt=0, description="Free a reservation whose engine never came up after this.")
     self_heal: bool = Field(True, description="Replace replicas lost with their node where capacity exists.")
     heal_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between self-healing attempts of one model (doubles from 2 s).")
@@ -66,6 +66,11 @@ class HiveSettings(BaseSettings):
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")
     model_cache_dir: Path = Field(Path.home() / ".cache" / "ray-hive", description="Where built-in models are written.")
+    weights_cache: Path = Field(Path.home() / ".cache" / "ray-hive" / "weights",
+                                description="This node's weight cache: Hub models in the Hugging Face cache layout "
+                                            "(hub/), S3 prefixes (s3/), and the planner's metadata (meta/). Read on "
+                                            "each node: set it per node (a hostPath or PVC on Kubernetes).")
+    fetch_workers: int = Field(8, ge=1, le=64, description="Files one node downloads at once for one model.")
 
     @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", mode="before")
     @classmethod

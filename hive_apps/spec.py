@@ -45,7 +45,10 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model_id: str = Field(description="Unique slug; the model's route is /<model_id> and its OpenAI name.")
-    model: str = Field(description="A local model folder, or a Hugging Face name already in the local cache.")
+    model: str = Field(description="Where the weights are: a Hugging Face Hub repo 'org/name' or 'org/name@revision' "
+                                   "(a branch, tag or commit), 's3://bucket/prefix', or an absolute folder that every "
+                                   "node an engine may run on has (a shared volume). Each node fetches the weights "
+                                   "into its own cache before its engine starts (README \"Getting weights onto nodes\").")
     max_input_prompt_length: int = Field(1024, ge=1, le=1_048_576)
     max_output_prompt_length: int = Field(256, ge=0, le=1_048_576)
     replicas: int = Field(1, description=">= 1, or -1 for one replica on every eligible device.")
@@ -101,17 +104,25 @@ class ModelSpec(BaseModel):
 
     @field_validator("model")
     @classmethod
-    def _model_under_the_root(cls, v: str) -> str:
-        """A folder must lie under the operator's model root when one is set; the message is the
-        same whether or not the path exists, so it tells nothing about the node's files."""
+    def _model_is_a_source(cls, v: str) -> str:
+        """A source the hive can fetch from (``hive_apps/weights/source.py``); a folder must lie under
+        the operator's model root when one is set. The message is the same whether or not the path
+        exists, so it tells nothing about the node's files."""
+        from hive_apps.weights.source import parse_source
+        from hive_apps.weights.types import SourceError, SourceKind
+
         if ".." in Path(v).parts:
-            raise ValueError("must not contain '..'; name a folder or a cached Hugging Face model")
+            raise ValueError("must not contain '..'; name a folder, a Hub repo or an s3:// prefix")
+        try:
+            source = parse_source(v)
+        except SourceError as e:
+            raise ValueError(e.message) from None
         root = get_settings().model_root
-        if root is None or not v.startswith(("/", ".", "~")):
+        if root is None or source.kind is not SourceKind.LOCAL:
             return v
-        if not Path(v).expanduser().resolve().is_relative_to(root.resolve()):
-            raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT) "
-                             "or a Hugging Face name in the local cache")
+        if not Path(source.location).resolve().is_relative_to(root.resolve()):
+            raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT), "
+                             "a Hugging Face Hub repo or an s3:// prefix")
         return v
 
     @field_validator("model_id")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.request_ids.proxy_middlewares",
         "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
         **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/serve_env.py)
+        "HIVE_WEIGHTS_CACHE": tempfile.mkdtemp(prefix="hive-weights-"),  # never the user's own cache
         **(env or {}),
     })
     dashboard_port, http_port = free_port(), free_port()

@@ -26,14 +26,16 @@ from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse, error_responses
+from hive_apps.admin.weights import NodeCaches, PrefetchRequest
 from hive_apps.auth import warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
-from hive_apps.cluster import ControlPlane, get_cluster
+from hive_apps.cluster import ControlPlane, get_cluster, off_loop
 from hive_apps.registry.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
+from hive_apps.weights.types import SourceError
 
 log = logging.getLogger("ray.serve")
 
@@ -41,6 +43,7 @@ WATCH_S = 30.0  # longest single long-poll of the registry
 SWEEP_S = 30.0  # how often apps that no record explains are looked for
 DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
 FAILED_CLEANUP_WAIT_S = 60.0
+CALL_TIMEOUT_S = 30.0  # listing a source for a pre-fetch
 
 
 class AdminError(Exception):
@@ -108,6 +111,7 @@ class Admin(ControlPlane):
         self.cluster = get_cluster()
         self.lifecycle = Lifecycle(self.cluster, self.settings)
         self.reconciler = Reconciler(self.cluster, self.settings, self.lifecycle)
+        self.caches = NodeCaches(self.cluster)
         self.records: list[ModelRecord] = []  # as the registry last announced them
         self._watcher = asyncio.get_event_loop().create_task(self._watch_records())
         self._ticker = asyncio.get_event_loop().create_task(self._lifecycle_loop())
@@ -201,6 +205,10 @@ class Admin(ControlPlane):
             raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id", "model_id")
         plan = await self._place(spec)
+        problems = await self.caches.room_problems(plan, await self.reconciler.weights_in_use())
+        if problems:
+            raise AdminError(422, f"the weights of {spec.model!r} cannot go where the plan puts its replicas: "
+                                  + "; ".join(problems), "model")
         record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
         reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
         outcome = await self.registry.transition.remote("create", spec.model_id, record=record, reservations=reservations)
@@ -217,7 +225,7 @@ class Admin(ControlPlane):
             rec = (await self._wait_for(settled, self.settings.deploy_timeout_s + 60)).get(spec.model_id)
             if rec is None:
                 raise AdminError(409, f"model {spec.model_id!r} was deleted while it deployed", "model_id")
-        body = ModelStatusResponse.of(rec).model_dump(mode="json")
+        body = self._status(rec).model_dump(mode="json")
         if rec.status is ModelStatus.FAILED:
             await self.reconciler.idle(spec.model_id, FAILED_CLEANUP_WAIT_S)  # its app is removed first
             return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
@@ -231,16 +239,19 @@ class Admin(ControlPlane):
             return PlainTextResponse(render_plan_table(plan))
         return plan.model_dump(mode="json")
 
+    def _status(self, rec: ModelRecord) -> ModelStatusResponse:
+        return ModelStatusResponse.of(rec, self.reconciler.fetching.get(rec.model_id))
+
     @app.get("/models", responses=error_responses(401))
     async def list_models(self):
-        return {"models": [ModelStatusResponse.of(r).model_dump(mode="json") for r in await self.registry.list_models.remote()]}
+        return {"models": [self._status(r).model_dump(mode="json") for r in await self.registry.list_models.remote()]}
 
     @app.get("/models/{model_id}", responses=error_responses(401, 404))
     async def get_model(self, model_id: str):
         rec = await self.registry.get_model.remote(model_id)
         if rec is None:
             raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
-        return ModelStatusResponse.of(rec).model_dump(mode="json")
+        return self._status(rec).model_dump(mode="json")
 
     @app.delete("/models/{model_id}", responses=error_responses(401, 404))
     async def delete_model(self, model_id: str):
@@ -274,8 +285,61 @@ class Admin(ControlPlane):
 
     @app.get("/nodes", responses=error_responses(401))
     async def nodes(self):
-        """Every node's host RAM (CPU engines live there) and the devices on it."""
-        return {"nodes": [s.model_dump(mode="json") for s in await self.registry.node_states.remote()]}
+        """Every node's host RAM (CPU engines live there), the devices on it and its weight-cache disk."""
+        caches = await self.caches.listing(await self.reconciler.weights_in_use())
+        return {"nodes": [{**s.model_dump(mode="json"),
+                           "weights_disk": caches[s.node_name].disk.model_dump() if s.node_name in caches
+                           and caches[s.node_name].disk else None}
+                          for s in await self.registry.node_states.remote()]}
+
+    # --- weights on nodes ---------------------------------------------------------------
+    @app.get("/weights", responses=error_responses(401))
+    async def weights(self):
+        """What each node's weight cache holds: source, revision, bytes, last used, in use."""
+        caches = await self.caches.listing(await self.reconciler.weights_in_use())
+        return {"nodes": {name: c.model_dump(mode="json") for name, c in caches.items()}}
+
+    @app.post("/weights", status_code=202, responses=error_responses(400, 401, 404, 413, 422, 502))
+    async def prefetch(self, body: PrefetchRequest):
+        """Fetch a source onto nodes now, so a later deploy or wake starts without a download."""
+        from hive_apps.weights.listing import list_source
+        from hive_apps.weights.source import parse_source
+
+        try:
+            manifest = await off_loop(list_source, parse_source(body.model), timeout=CALL_TIMEOUT_S)
+        except SourceError as e:
+            raise AdminError(e.status_code, e.message, "model") from None
+        alive = await self.caches.alive()
+        if body.nodes is None:
+            states = await self.registry.node_states.remote()
+            chosen = [alive[s.node_name].node_id for s in states if s.node_name in alive
+                      and any(not d.endswith(":cpu") for d in s.devices)]
+        else:
+            unknown = [n for n in body.nodes if n not in alive]
+            if unknown:
+                raise AdminError(404, f"no live node {unknown}; GET /admin/nodes lists them", "nodes")
+            chosen = [alive[n].node_id for n in body.nodes]
+        progress = await self.caches.prefetch(manifest, chosen, await self.reconciler.weights_in_use())
+        return {"model": body.model, "key": manifest.key, "revision": manifest.revision,
+                "bytes": manifest.total_bytes, "nodes": {n: p.model_dump(mode="json") for n, p in progress.items()}}
+
+    @app.delete("/weights", responses=error_responses(401, 404, 409))
+    async def remove_weights(self, key: str = Query(..., description="The cache key, as GET /admin/weights lists it."),
+                             node: str | None = Query(None, description="One node's copy; default: every node's.")):
+        """Remove cached weights no deployed model uses (409 while one does)."""
+        in_use = await self.reconciler.weights_in_use()
+        if key in in_use:
+            users = [r.model_id for r in await self.registry.list_models.remote()
+                     if r.status not in ENDED and r.plan.weights is not None and r.plan.weights.key == key]
+            raise AdminError(409, f"{key} is in use by {users}; DELETE those models first", "key")
+        alive = await self.caches.alive()
+        if node is not None and node not in alive:
+            raise AdminError(404, f"no live node {node!r}; GET /admin/nodes lists them", "node")
+        ids = [alive[node].node_id] if node else [n.node_id for n in alive.values()]
+        removed = await self.caches.remove(key, ids, in_use)
+        if not removed:
+            raise AdminError(404, f"no node holds {key}; GET /admin/weights lists what is cached", "key")
+        return {"removed": key, "nodes": removed}
 
     @app.post("/registry/samples", responses=error_responses(400, 401, 404, 413, 422))
     async def push_sample(self, sample: NodeSample):

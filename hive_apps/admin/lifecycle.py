@@ -38,6 +38,7 @@ from hive_apps.planning.types import DeviceCapacity, Plan
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
 from hive_apps.settings import HiveSettings
 from hive_apps.spec import ModelSpec
+from hive_apps.weights.types import Manifest
 
 log = logging.getLogger("ray.serve")
 
@@ -175,7 +176,7 @@ class Lifecycle(ControlPlane):
             return (await self._ask("retire", rec, version=rec.version, index=replica_to_retire(act.pressures))).ok
         if step > 0:
             one = rec.spec.model_copy(update={"replicas": 1, "min_replicas": None, "max_replicas": None})
-            outcome = await self.planner.plan.remote(one, await self.registry.capacities.remote())
+            outcome = await self.planner.plan.remote(one, await self.registry.capacities.remote(), weights=rec.plan.weights)
             if outcome.plan is None:
                 log.info("%s: no room for another replica: %s", rec.model_id, outcome.error)
                 return False
@@ -207,16 +208,17 @@ class Lifecycle(ControlPlane):
                          devices=sorted({d for rp in rec.plan.replicas for d in rp.devices}))
 
     async def _plan_with(self, spec: ModelSpec, devices: list[DeviceCapacity], freed: dict[str, int],
-                         as_asked: bool = False, in_place: Plan | None = None) -> Any:
+                         as_asked: bool = False, in_place: Plan | None = None, weights: Manifest | None = None) -> Any:
         """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices; ``in_place``:
-        a plan whose engines sleep on their devices, which fits there or nowhere."""
+        a plan whose engines sleep on their devices, which fits there or nowhere; ``weights``: the
+        source's listing, once read (the same revision in every plan of one search)."""
         if freed:
             devices = [d.model_copy(update={
                 "available_bytes": d.available_bytes + freed.get(d.device.id, 0),
                 "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
         if in_place is not None:
             return fits_in_place(in_place, devices)
-        return await self.planner.plan.remote(spec, devices, None, as_asked)
+        return await self.planner.plan.remote(spec, devices, None, as_asked, weights)
 
     async def _held_by(self, model_ids: list[str]) -> dict[str, int]:
         freed: dict[str, int] = {}
@@ -227,7 +229,7 @@ class Lifecycle(ControlPlane):
         return freed
 
     async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False,
-                        in_place: Plan | None = None) -> Room:
+                        in_place: Plan | None = None, weights: Manifest | None = None) -> Room:
         """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.
         ``waiting_since``: when its first request (or its deploy) began to wait; ``as_asked``:
         ``spec`` is a deploy body as the user sent it (``planning/deployment.py``); ``in_place``:
@@ -238,12 +240,13 @@ class Lifecycle(ControlPlane):
         now = time.time()
         records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
         devices = await self.registry.capacities.remote()
-        outcome = await self._plan_with(spec, devices, {}, as_asked, in_place)
+        outcome = await self._plan_with(spec, devices, {}, as_asked, in_place, weights)
         if outcome.plan is not None:
             return Room(plan=outcome.plan)
+        weights = weights or outcome.weights
         draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
         base = await self._held_by(draining)
-        if base and (await self._plan_with(spec, devices, base, as_asked, in_place)).plan is not None:
+        if base and (await self._plan_with(spec, devices, base, as_asked, in_place, weights)).plan is not None:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
@@ -254,7 +257,7 @@ class Lifecycle(ControlPlane):
             freed = {**base}
             for dev, nbytes in (await self._held_by(victims)).items():
                 freed[dev] = freed.get(dev, 0) + nbytes
-            return (await self._plan_with(spec, devices, freed, as_asked, in_place)).plan is not None
+            return (await self._plan_with(spec, devices, freed, as_asked, in_place, weights)).plan is not None
 
         victims = await choose_victims(order, fits)
         if victims:

@@ -14,10 +14,14 @@ from hive_apps.routing.replica_set import default_queue_bound
 from hive_apps.routing.router import router_deployment
 
 HEALTH_CHECK_PERIOD_S = 5.0
-# Engine replicas run third-party model code: they get none of the hive's secrets, and never
-# reach a model hub (models come from local folders or the local cache).
-SECRETS = ("HIVE_ADMIN_TOKEN", "HIVE_API_KEYS", "HIVE_API_KEYS_FILE", "HIVE_MONITOR_TOKEN")
-ENGINE_ENV = {**{name: "" for name in SECRETS}, "HF_HUB_OFFLINE": "1"}
+# Engine replicas run third-party model code: they get none of the hive's secrets nor the source
+# credentials, and never reach a model hub (their node's fetcher put the weights in its cache).
+SECRETS = ("HIVE_ADMIN_TOKEN", "HIVE_API_KEYS", "HIVE_API_KEYS_FILE", "HIVE_MONITOR_TOKEN",
+           "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH",
+           "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+           "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE")
+# A media host that answers with a redirect must not lead vLLM to another host (HIVE_MEDIA_HOSTS).
+ENGINE_ENV = {**{name: "" for name in SECRETS}, "HF_HUB_OFFLINE": "1", "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 
 
 def engine_class(engine: str) -> type:
@@ -47,7 +51,8 @@ def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan, generation: int 
     """Stable while the replica's plan is; new when it moved, or was placed again after a failed
     start (Serve 2.60 stops a rolling update after a failed start and keeps that version failed
     until a different version is deployed)."""
-    key = f"{__version__}|{plan.engine}|{model_id}|{plan.profile.path}|{rp.model_dump_json()}|{generation}"
+    weights = plan.weights.key if plan.weights is not None else plan.profile.path
+    key = f"{__version__}|{plan.engine}|{model_id}|{weights}|{rp.model_dump_json()}|{generation}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -83,7 +88,8 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
         # replicas whose plan changed; Serve would otherwise restart every engine. Serve 2.60
         # removed the public `version` option but still honours the attribute.
         dep._version = replica_version(model_id, plan, rp, (generations or {}).get(rp.index, 0))
-        engines.append(dep.bind(model_id, plan.profile.path, rp))
+        # the manifest, never a path: each engine finds the weights in its own node's cache
+        engines.append(dep.bind(model_id, plan.weights or plan.profile.path, rp))
     router = router_deployment()
     # One version for the router's whole life: parking and waking rebuild the app without engines
     # and with them again, and the router (holding requests that wait for the wake) must stay.

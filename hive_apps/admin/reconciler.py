@@ -5,7 +5,9 @@ the engines are what exists. Each pass reads the record, looks at Serve, and tak
 idempotent step, asking the registry for the transition that records it. Any pass can be
 killed at any point: a new admin replica reads the same record and takes the same step.
 
-    deploying/healing  app not built from the current plan -> build it, then ``applied``
+    deploying/healing  weights not yet on every replica's node -> fetch them there (``fetching``: each
+                       node downloads into its own cache; a failed fetch fails the deploy)
+                       app not built from the current plan -> build it, then ``applied``
                        every replica that should run is healthy -> ``started``
                        an engine failed, or the deadline passed -> ``fail`` / ``heal_failed``
     degraded           replicas lost, self-healing on, not pinned -> plan replacements, ``heal``
@@ -38,6 +40,7 @@ from hive_apps.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
 from hive_apps.registry.control import heal_backoff_s
 from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation, SleepMode
 from hive_apps.settings import HiveSettings
+from hive_apps.weights.types import FetchProgress, FetchState
 
 if TYPE_CHECKING:
     from hive_apps.admin.lifecycle import Lifecycle
@@ -72,6 +75,7 @@ class Reconciler(ControlPlane):
         self.loops: dict[str, asyncio.Task] = {}
         self.evicted_for: dict[str, set[str]] = {}  # waking model -> models put to sleep for it
         self.kicks: dict[str, asyncio.Event] = {}
+        self.fetching: dict[str, dict[str, FetchProgress]] = {}  # model id -> node name -> its fetch, while any runs
 
     # --- loops ------------------------------------------------------------------------------
     def ensure(self, model_id: str) -> None:
@@ -290,11 +294,13 @@ class Reconciler(ControlPlane):
             return 0.0
         bounds = rec.spec.replica_bounds
         spec = rec.spec if bounds is None or rec.sleeps_in_place else rec.spec.model_copy(update={"replicas": bounds[0]})
-        room = await self.lifecycle.make_room(spec, rec.wake_requested_at, in_place=rec.plan if rec.sleeps_in_place else None)
+        room = await self.lifecycle.make_room(spec, rec.wake_requested_at, in_place=rec.plan if rec.sleeps_in_place else None,
+                                              weights=rec.plan.weights)
         if room.plan is None and rec.sleeps_in_place and not room.waiting_for and room.retry_at is None:
             # no room on its own devices now: start it again elsewhere if it fits there now, or if
             # its devices could never take it; else wait for a request on them to end
-            if not room.blocked or (await self.planner.plan.remote(spec, await self.registry.capacities.remote())).plan:
+            if not room.blocked or (await self.planner.plan.remote(spec, await self.registry.capacities.remote(),
+                                                                   weights=rec.plan.weights)).plan:
                 log.info("%s: no room where its engines sleep (%s); starting it again elsewhere", rec.model_id, room.error)
                 await self._park(rec)
                 return 0.0
@@ -318,7 +324,8 @@ class Reconciler(ControlPlane):
                 await self._ask("note", rec, version=rec.version, message=message)
             return POLL_S if room.retry_at is None else max(POLL_S, room.retry_at - time.time())
         reservations = [Reservation.for_replica(rec.model_id, rp) for rp in room.plan.replicas]
-        await self._ask("placed", rec, version=rec.version, plan=room.plan, reservations=reservations,
+        plan = room.plan.model_copy(update={"weights": rec.plan.weights})  # the revision its deploy pinned
+        await self._ask("placed", rec, version=rec.version, plan=plan, reservations=reservations,
                         placement_s=time.time() - (rec.wake_requested_at or time.time()),
                         evicted=sorted(self.evicted_for.pop(rec.model_id, set())))
         return 0.0
@@ -327,8 +334,37 @@ class Reconciler(ControlPlane):
         states = await off_loop(self.cluster.app_states, timeout=SERVE_TIMEOUT_S)
         return states.get(names.model_app(model_id), MISSING)
 
+    async def _weights_on_nodes(self, rec: ModelRecord) -> bool:
+        """Each node of a live replica fetches the plan's weights into its own cache (a node that has
+        them answers at once); True once every node has them. A failed fetch fails the start."""
+        manifest = rec.plan.weights
+        if manifest is None:
+            return True
+        in_use = await self.weights_in_use()
+        nodes = {rp.node_id: rp.node_name for rp in rec.live_replicas}
+        progress = dict(zip(nodes.values(), await asyncio.gather(*(
+            off_loop(self.cluster.fetcher_call, node_id, "ensure", manifest, in_use, timeout=SERVE_TIMEOUT_S)
+            for node_id in nodes))))
+        failed = {name: p.error for name, p in progress.items() if p.state is FetchState.FAILED}
+        if failed:
+            self.fetching.pop(rec.model_id, None)
+            await self._fail(rec, "fetching its weights failed: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+            return False
+        if all(p.state is FetchState.READY for p in progress.values()):
+            self.fetching.pop(rec.model_id, None)
+            return True
+        self.fetching[rec.model_id] = progress
+        return False
+
+    async def weights_in_use(self) -> set[str]:
+        """Cache keys a model that is not ended names: never evicted, never deleted."""
+        return {r.plan.weights.key for r in await self.registry.list_models.remote()
+                if r.status not in ENDED and r.plan.weights is not None}
+
     async def _starting(self, rec: ModelRecord) -> float | None:
         if rec.applied_generation != rec.plan_generation:
+            if not await self._weights_on_nodes(rec):
+                return POLL_S
             await self._build(rec)
             await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
             return 0.0
@@ -360,7 +396,8 @@ class Reconciler(ControlPlane):
         # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
         settled = time.time() - rec.applied_at >= self.apply_grace_s
         broken = [d for d in deployments if state.deployments.get(d) in BROKEN] if settled else []
-        late = time.time() > rec.starting_since + self.settings.deploy_timeout_s
+        # the deadline counts from the build: fetching the weights before it is bounded by its own retries
+        late = time.time() > max(rec.starting_since, rec.applied_at) + self.settings.deploy_timeout_s
         if not broken and not late:
             return POLL_S
         messages = [state.message] + [state.deployment_messages.get(d, "") for d in deployments]
@@ -410,7 +447,7 @@ class Reconciler(ControlPlane):
         lost = sorted(names.replica_index(k) for k in rec.lost_replicas)
         spec = rec.spec.model_copy(update={"replicas": len(lost)})
         devices = await self.registry.capacities.remote()
-        outcome = await self.planner.plan.remote(spec, devices)
+        outcome = await self.planner.plan.remote(spec, devices, weights=rec.plan.weights)
         if outcome.plan is None:
             wait = heal_backoff_s(rec.heal_attempts + 1, self.settings.heal_backoff_max_s)
             await self._ask("note", rec, version=rec.version, next_heal_at=time.time() + wait,

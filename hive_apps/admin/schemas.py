@@ -8,6 +8,7 @@ from hive_apps import names
 
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
 from hive_apps.registry.records import ModelRecord, ModelStatus, SleepMode, WakeReport
+from hive_apps.weights.types import FetchProgress
 
 
 class ReplicaStatus(BaseModel):
@@ -42,10 +43,19 @@ class ModelStatusResponse(BaseModel):
     sleep_reason: str = ""
     last_request_at: float | None = None  # as last reported when it went to sleep
     last_wake: WakeReport | None = None  # how the last wake went: placement, engine start, warm-up
+    revision: str | None = None  # what the source resolved to: the Hub commit, the S3 ETag set ("local" for a folder)
+    weight_bytes: int | None = None  # of the source's safetensors files
+    phase: str | None = None  # "fetching" while its weights download onto its nodes
+    fetch: dict[str, FetchProgress] = {}  # node name -> that node's download, while fetching
 
     @classmethod
-    def of(cls, rec: ModelRecord) -> "ModelStatusResponse":
+    def of(cls, rec: ModelRecord, fetching: dict[str, FetchProgress] | None = None) -> "ModelStatusResponse":
+        weights = rec.plan.weights
         return cls(
+            revision=weights.revision if weights else None,
+            weight_bytes=weights.weight_bytes if weights else None,
+            phase="fetching" if fetching else None,
+            fetch=fetching or {},
             model_id=rec.model_id,
             model=rec.spec.model,
             engine=rec.spec.engine.value,

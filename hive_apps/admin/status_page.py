@@ -102,7 +102,9 @@ function drawNodes(nodes, devices) {
   const names = [...new Set([...nodes.map((n) => n.node_name), ...Object.keys(byNode)])].sort();
   $("nodes").replaceChildren(...names.map((name) => {
     const n = nodes.find((x) => x.node_name === name);
+    const disk = n && n.weights_disk;
     const meta = n ? ` ${n.cpu_count} CPUs · host RAM ${gib(n.host_used_bytes)} / ${gib(n.host_total_bytes)} GiB` +
+      (disk ? ` · weight cache ${gib(disk.cached_bytes)} GiB, ${gib(disk.free_bytes)} GiB free` : "") +
       (n.error ? ` · monitor error: ${n.error}` : "") : "";
     return el("div", { class: "node", "data-node": name },
       el("h3", {}, name, el("span", { class: "meta" }, meta)),
@@ -118,7 +120,9 @@ function drawModels(models, load) {
     const where = reps.map(([r, p]) => `${r}: ${p.devices.join("+")}`).join(", ");
     return el("tr", { "data-model": m.model_id },
       el("td", {}, el("b", {}, m.model_id), el("br"), el("small", {}, m.model + " · " + m.engine)),
-      el("td", { class: "st " + m.status, "data-status": m.status }, m.status + (m.resident || !m.sleep_mode ? "" : " (" + m.sleep_mode + ")")),
+      el("td", { class: "st " + m.status, "data-status": m.status }, m.status + (m.resident || !m.sleep_mode ? "" : " (" + m.sleep_mode + ")"),
+        ...Object.entries(m.fetch || {}).map(([node, f]) => el("div", { class: "fetch", "data-fetch": node },
+          `fetching on ${node}: ${gib(f.bytes_done)} / ${gib(f.bytes_total)} GiB, ${(f.rate_bytes_per_s / 2 ** 20).toFixed(0)} MiB/s`))),
       el("td", {}, where || "none"),
       el("td", { "data-load": busy }, m.resident ? `${busy} / ${seqs} sequences (${Math.round(pct(busy, seqs))} %)` : `${seqs} when awake`),
       el("td", {}, el("code", {}, m.route + "/v1"), " and ", el("code", {}, `${m.openai_v1} model=${m.model_id}`)),

@@ -12,13 +12,16 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hive_apps.metrics import TokenCount
 from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
+
+if TYPE_CHECKING:
+    from hive_apps.weights.types import Manifest
 
 
 @contextlib.contextmanager
@@ -43,6 +46,28 @@ def serve_log_file_kept(logger_name: str = "ray.serve") -> Iterator[None]:
             if handler.target is None:
                 handler.setTarget(target)
                 handler.flush()
+
+
+def weights_folder(weights: "Manifest | str") -> str:
+    """The folder this replica loads, on its own node: the node cache's copy of the plan's revision
+    (its fetcher put it there before the engine was started), or a shared folder this node must
+    have. A plain string is a plan from before weight sources: the folder as planned."""
+    from hive_apps.weights.cache import NodeCache
+    from hive_apps.weights.types import SourceKind
+
+    if isinstance(weights, str):
+        return weights
+    if weights.source.kind is SourceKind.LOCAL:
+        if not os.path.isfile(os.path.join(weights.source.location, "config.json")):
+            raise RuntimeError(f"the model folder {weights.source.location} is not on this node "
+                               f"({os.uname().nodename}); mount it on every node engines may run on")
+        return weights.source.location
+    cache = NodeCache(get_settings().weights_cache)
+    if not cache.is_complete(weights):
+        raise RuntimeError(f"the weights of {weights.source} at {weights.revision} are not complete in this node's "
+                           f"cache ({get_settings().weights_cache}); the hive fetches them before it starts an engine")
+    cache.touch(weights.key)
+    return str(cache.folder(weights))
 
 
 def restore_node_environment() -> list[str]:
@@ -242,4 +267,4 @@ class EngineBase:
     def info(self) -> dict[str, Any]:
         return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
                 "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
-                "sleep_level": self.sleep_level}
+                "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None)}

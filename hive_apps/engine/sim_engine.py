@@ -39,12 +39,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from hive_apps.engine.base import EngineBase
+from hive_apps.engine.base import EngineBase, weights_folder
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
 from hive_apps.lifecycle import cold_start_s, sleep_s, wake_s
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.weights.types import Manifest
 
 WORDS = "the hive plans serves routes replicas tokens quickly and calmly across every device".split()
 EMBED_DIM = 384
@@ -107,9 +108,10 @@ class SimRequest(BaseModel):
 
 
 class SimEngine(EngineBase):
-    async def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan, use_start_lock: bool = True):
+    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan, use_start_lock: bool = True):
         super().__init__()
         self.model_id, self.replica = model_id, replica
+        self.weights_path = weights_folder(weights)  # like a real engine: the weights must be on this node
         kw = replica.engine_kwargs
         if use_start_lock:
             async with start_lock(model_id, replica) as report:

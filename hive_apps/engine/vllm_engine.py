@@ -13,11 +13,12 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from hive_apps.engine.base import EngineBase, restore_node_environment, serve_log_file_kept
+from hive_apps.engine.base import EngineBase, restore_node_environment, serve_log_file_kept, weights_folder
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.engine.start_lock import start_lock
 from hive_apps.engine.vllm_audio import fit_audio_path
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.weights.types import Manifest
 
 log = logging.getLogger("ray.serve")
 
@@ -93,16 +94,19 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
     # first, routing/media.py; vLLM reads an empty list as "any host", so it is left unset then)
     from hive_apps.settings import get_settings
 
-    media_hosts = get_settings().media_hosts
-    if media_hosts:
-        args.allowed_media_domains = list(media_hosts)
+    # what the routers check first, again in the engine: only HIVE_MEDIA_HOSTS, and with none set a
+    # domain that cannot exist, so vLLM fetches no http(s) media at all (data: URLs still work)
+    args.allowed_media_domains = list(get_settings().media_hosts) or [NO_MEDIA_HOST]
     args.served_model_name = [model_id]
     validate_parsed_serve_args(args)
     return args
 
 
+NO_MEDIA_HOST = "remote-media-is-off.invalid"  # RFC 2606: never resolves
+
+
 class VLLMEngine(EngineBase):
-    async def __init__(self, model_id: str, model_path: str, replica: ReplicaPlan):
+    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan):
         super().__init__()
         constructed_at = time.time()
         if restore_node_environment():
@@ -115,12 +119,13 @@ class VLLMEngine(EngineBase):
 
         fit_audio_path()
         self.model_id, self.replica = model_id, replica
+        self.weights_path = weights_folder(weights)
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens
         async with start_lock(model_id, replica):
             with serve_log_file_kept():  # vLLM re-configures logging as it starts
                 t0 = time.perf_counter()
-                args = build_serve_args(model_path, model_id, replica.engine_kwargs)
+                args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs)
                 engine_args = AsyncEngineArgs.from_cli_args(args)
                 vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
                 self.engine = AsyncLLM.from_vllm_config(

@@ -19,10 +19,11 @@ from concurrent.futures.process import BrokenProcessPool
 from pydantic import BaseModel
 
 from hive_apps.planning.planner import plan_deployment
-from hive_apps.planning.profile import load_profile
+from hive_apps.planning.source_profile import load_source_profile
 from hive_apps.planning.types import DeviceCapacity, Plan, PlanningError, Rejection
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
+from hive_apps.weights.types import Manifest
 
 log = logging.getLogger("ray.serve")
 
@@ -32,15 +33,19 @@ class PlanOutcome(BaseModel):
     error: str = ""
     status_code: int = 200
     rejected: list[Rejection] = []
+    weights: Manifest | None = None  # the source's listing, when it was read (plans again reuse it)
 
 
 def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
-                  pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
+                  pending: list[ModelSpec] | None = None, as_asked: bool = False,
+                  weights: Manifest | None = None) -> PlanOutcome:
     """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
     cannot be loaded is left out (its own deploy reports why). ``as_asked``: ``spec`` is a body a
-    user just sent, so the fields it set are known (a stored spec has every field set)."""
+    user just sent, so the fields it set are known (a stored spec has every field set). ``weights``:
+    the revision the model's deploy pinned (a wake, a heal), planned again without asking its source."""
+    manifest = weights
     try:
-        profile = load_profile(spec.model, spec.vllm_kwargs)
+        profile, manifest = load_source_profile(spec.model, spec.vllm_kwargs, weights)
         if as_asked and profile.runner == "pooling" and "max_output_prompt_length" in spec.model_fields_set \
                 and spec.max_output_prompt_length != 0:
             return PlanOutcome(status_code=422, error=(
@@ -49,16 +54,17 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
         others = []
         for p in pending or []:
             try:
-                others.append((p, load_profile(p.model, p.vllm_kwargs)))
+                others.append((p, load_source_profile(p.model, p.vllm_kwargs)[0]))
             except PlanningError:
                 continue
-        return PlanOutcome(plan=plan_deployment(spec, devices, profile, pending=others))
+        plan = plan_deployment(spec, devices, profile, pending=others)
+        return PlanOutcome(plan=plan.model_copy(update={"weights": manifest}), weights=manifest)
     except PlanningError as e:
-        return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected)
+        return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected, weights=manifest)
     except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError, OSError) as e:
         # a config the planner cannot model: the deploy is refused, the planner keeps going
         return PlanOutcome(error=f"the model {spec.model!r} cannot be planned: its config is not one the planner "
-                                 f"can model ({type(e).__name__}: {e})", status_code=422)
+                                 f"can model ({type(e).__name__}: {e})", status_code=422, weights=manifest)
 
 
 def _worker_init(without_torch: bool) -> None:
@@ -138,13 +144,14 @@ class PlanWorker:
             pool.shutdown(wait=False, cancel_futures=True)
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
-                   pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
+                   pending: list[ModelSpec] | None = None, as_asked: bool = False,
+                   weights: Manifest | None = None) -> PlanOutcome:
         loop = asyncio.get_running_loop()
         try:
             async with self._one_at_a_time:
                 await self._ensure_warm()
-                return await asyncio.wait_for(
-                    loop.run_in_executor(self._executor(), plan_or_error, spec, devices, pending, as_asked), self.timeout_s)
+                return await asyncio.wait_for(loop.run_in_executor(
+                    self._executor(), plan_or_error, spec, devices, pending, as_asked, weights), self.timeout_s)
         except asyncio.TimeoutError:
             self._replace()
             return PlanOutcome(status_code=422, error=(
@@ -166,8 +173,9 @@ class Planner:
         self._warming = asyncio.get_running_loop().create_task(self.worker.warm_up())
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],
-                   pending: list[ModelSpec] | None = None, as_asked: bool = False) -> PlanOutcome:
-        return await self.worker.plan(spec, devices, pending, as_asked)
+                   pending: list[ModelSpec] | None = None, as_asked: bool = False,
+                   weights: Manifest | None = None) -> PlanOutcome:
+        return await self.worker.plan(spec, devices, pending, as_asked, weights)
 
 
 def build(_: dict | None = None):

