@@ -17,16 +17,15 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hive_apps import metrics, names
+from hive_apps import metrics, names, request_ids
 from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.cluster import get_cluster
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, gone_message
-from hive_apps.routing.media import remote_media_problem
-from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
-from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond_for, too_large
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.routing.http import BodyTooLarge, parse_fields, read_forwarded, request_problem, respond_for, too_large
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
@@ -89,11 +88,10 @@ class Gateway:
             req = await read_forwarded(request, path)
         except BodyTooLarge:
             return too_large()
-        fields = body_fields(req)
+        fields = await parse_fields(req)
         if fields.model is None:
             return openai_error(400, "the request body must be JSON with a 'model' field naming a model from GET /v1/models", "model")
-        problem = body_problem(path.rstrip("/"), fields.body) or \
-            await remote_media_problem(fields.body, self.settings.media_hosts)
+        problem = await request_problem(path, req, fields, self.settings.media_hosts)
         if problem is not None:
             return openai_error(400, *problem)
         models = await self.listed_models()
@@ -102,7 +100,7 @@ class Gateway:
             if rec is not None:
                 request.state.model = fields.model
                 return await respond_for(rec, self._replicas.of, self._hold, req, fields)
-            gone = gone_message(self._records.get(fields.model), fields.model)
+            gone = gone_message(self._records.get(fields.model), fields.model, request_ids.of_headers(req.headers))
             known = ", ".join(models) or "none yet"
             return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).", "model")
         request.state.model = fields.model

@@ -44,18 +44,32 @@ def _refusal(status: int, message: str, retry_after: int | None = RETRY_AFTER_S)
     return HoldRefused(openai_error(status, message, headers=headers))
 
 
-def gone_message(rec: ModelRecord | None, model_id: str) -> str | None:
+def where_details_are(model_id: str, request_id: str | None) -> str:
+    """What a client is told instead of why the model failed: the failure text (Serve's tracebacks,
+    with file paths and node addresses) is for the operator's eyes, in the logs and the admin API."""
+    asked = f" (request id {request_id})" if request_id else ""
+    return f"the operator's logs and GET /admin/models/{model_id} have the details{asked}"
+
+
+def gone_message(rec: ModelRecord | None, model_id: str, request_id: str | None = None) -> str | None:
     """Why a request for this model can never be served as things are (None: it can, now or after a wake)."""
     if rec is None:
         return None
-    if rec.status is ModelStatus.DESTROYED:
+    if rec.status is ModelStatus.DESTROYED:  # the message is the hive's own idle reason
         return (f"The model `{model_id}` was destroyed: {rec.message}. Deploy it again with POST /admin/models "
                 f"to use it.")
     if rec.status is ModelStatus.DELETING:
         return f"The model `{model_id}` is being deleted."
     if rec.status is ModelStatus.FAILED:
-        return f"The model `{model_id}` failed to deploy: {rec.message}"
+        _log_refusal(request_id, rec)
+        return (f"The model `{model_id}` failed to deploy: its engine failed or did not start in time; "
+                f"{where_details_are(model_id, request_id)}.")
     return None
+
+
+def _log_refusal(request_id: str | None, rec: ModelRecord) -> None:
+    """Tie the id a client quotes to the model's failure; the full text is in the admin's own log."""
+    log.info("request %s refused: model %s is %s: %.300s", request_id, rec.model_id, rec.status.value, rec.message)
 
 
 class WakeHold:
@@ -77,7 +91,7 @@ class WakeHold:
         """For synchronous followers: apply the records from the running loop."""
         asyncio.get_running_loop().create_task(self.update(records))
 
-    async def wait(self, model_id: str) -> ModelRecord:
+    async def wait(self, model_id: str, request_id: str | None = None) -> ModelRecord:
         """Hold one request until the model serves; its record then. Raises ``HoldRefused``."""
         if self.held.get(model_id, 0) >= self.settings.hold_max_per_model:
             metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="hold_full")
@@ -86,10 +100,11 @@ class WakeHold:
         self.held[model_id] = self.held.get(model_id, 0) + 1
         self._publish_held()
         try:
-            return await asyncio.wait_for(self._until_serving(model_id, time.time()), self.settings.hold_timeout_s)
+            return await asyncio.wait_for(self._until_serving(model_id, time.time(), request_id),
+                                          self.settings.hold_timeout_s)
         except asyncio.TimeoutError:
             rec = self.records.get(model_id)
-            where = f"; it is {rec.status.value}: {rec.message}" if rec else ""
+            where = f"; it is {rec.status.value}, and {where_details_are(model_id, request_id)}" if rec else ""
             metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="hold_timeout")
             raise _refusal(503, f"model '{model_id}' did not wake within {self.settings.hold_timeout_s:.0f}s "
                                 f"(HIVE_HOLD_TIMEOUT_S){where}") from None
@@ -101,18 +116,21 @@ class WakeHold:
         metrics.publisher().gauges("held:" + self.entry, [
             metrics.sample("hive_held_requests", n, model=m, entry=self.entry) for m, n in self.held.items()])
 
-    async def _until_serving(self, model_id: str, since: float) -> ModelRecord:
+    async def _until_serving(self, model_id: str, since: float, request_id: str | None) -> ModelRecord:
         async with self._changed:
             while True:
                 rec = self.records.get(model_id)
-                if rec is None or gone_message(rec, model_id):
-                    raise _refusal(404, gone_message(rec, model_id) or f"The model `{model_id}` was deleted.", None)
+                gone = gone_message(rec, model_id, request_id)
+                if rec is None or gone:
+                    raise _refusal(404, gone or f"The model `{model_id}` was deleted.", None)
                 if rec.status in SERVING:
                     return rec
                 if rec.status is ModelStatus.SLEEPING:
                     if rec.wake_failed_at is not None and rec.wake_failed_at >= since:
                         metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="wake_failed")
-                        raise _refusal(503, f"model '{model_id}' could not wake: {rec.message}")
+                        _log_refusal(request_id, rec)
+                        raise _refusal(503, f"model '{model_id}' could not wake: its engine failed or found no room; "
+                                            f"{where_details_are(model_id, request_id)}")
                     if time.time() - self._asked.get(model_id, 0.0) > 1.0:  # one ask for all waiters, at most 1/s
                         self._asked[model_id] = time.time()
                         asyncio.get_running_loop().create_task(self._wake(model_id))
@@ -132,12 +150,13 @@ async def _ask_registry(model_id: str) -> None:
 
 
 async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
-                      then: Callable[[ModelRecord], AsyncIterator[ResponseStart | bytes]]) -> Response:
+                      then: Callable[[ModelRecord], AsyncIterator[ResponseStart | bytes]],
+                      request_id: str | None = None) -> Response:
     """A streamed answer for a sleeping model: headers now, SSE comments while it wakes, then the
     engine's events (an error event if the wake or the engine fails)."""
 
     async def body() -> AsyncIterator[bytes]:
-        waiting = asyncio.ensure_future(hold.wait(model_id))
+        waiting = asyncio.ensure_future(hold.wait(model_id, request_id))
         try:
             while not waiting.done():
                 done, _ = await asyncio.wait({waiting}, timeout=keepalive_s)

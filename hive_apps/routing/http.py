@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -16,13 +17,21 @@ from hive_apps.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error, sse_error
 from hive_apps.registry.records import DORMANT, SERVING, ModelRecord
 from hive_apps.routing.hold import HoldRefused, WakeHold, gone_message, held_stream
+from hive_apps.routing.media import remote_media_problem
+from hive_apps.routing.paths import body_problem
 
 if TYPE_CHECKING:
     from hive_apps.routing.replica_set import ReplicaSet
 
 log = logging.getLogger("ray.serve")
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 16 * 2**20
+"""The largest OpenAI request body the gateway and the routers take (413 above it). A body is held
+whole and parsed once: 16 MiB fits a long context, many prompts or a few inline images, and bounds
+what one request costs the router's memory and CPU (the engines' cores)."""
+PARSE_OFF_LOOP_BYTES = 2**20
+"""Bodies above this are parsed and checked in a worker thread: parsing megabytes of JSON on the
+event loop would stall every other request of the replica meanwhile."""
 # Never authorization (the engine's port has its own token) nor any other credential.
 PASSED_HEADERS = {"content-type", "accept"}
 # Set again by whoever sends the response on; passing them on would duplicate them (the Serve
@@ -36,6 +45,11 @@ class BodyTooLarge(Exception):
 
 
 async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
+    """The request as it goes on to an engine. Raises ``BodyTooLarge`` before reading a body whose
+    Content-Length is over ``MAX_BODY_BYTES``, and as soon as a chunked one grows past it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BodyTooLarge()
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -54,6 +68,13 @@ class BodyFields(NamedTuple):
     body: dict[str, Any] | None  # the parsed body, when it is a JSON object (for splitting)
 
 
+async def parse_fields(req: ForwardedRequest) -> BodyFields:
+    """``body_fields``, off the event loop for a large body."""
+    if len(req.body) > PARSE_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(body_fields, req)
+    return body_fields(req)
+
+
 def body_fields(req: ForwardedRequest) -> BodyFields:
     """What routing needs from an OpenAI body, parsed once per request."""
     if not req.body:
@@ -66,6 +87,13 @@ def body_fields(req: ForwardedRequest) -> BodyFields:
         return BodyFields(None, False, None)
     model = body.get("model")
     return BodyFields(model if isinstance(model, str) else None, body.get("stream") is True, body)
+
+
+async def request_problem(path: str, req: ForwardedRequest, fields: BodyFields,
+                          media_hosts: list[str]) -> tuple[str, str] | None:
+    """What the hive answers with a 400 before any engine sees the request: ``(message, param)``."""
+    return body_problem(path.rstrip("/"), fields.body) or await remote_media_problem(
+        fields.body, media_hosts, off_loop=len(req.body) > PARSE_OFF_LOOP_BYTES)
 
 
 async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFields) -> Response:
@@ -81,14 +109,15 @@ async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], "Re
     """Answer for a model in any state: served now, held while it wakes, or refused with why."""
     if rec.status in SERVING:
         return await respond(replicas_of(rec), req, fields)
-    gone = gone_message(rec, rec.model_id)
+    request_id = request_ids.of_headers(req.headers)
+    gone = gone_message(rec, rec.model_id, request_id)
     if gone or rec.status not in DORMANT:
         return openai_error(404, gone or f"The model `{rec.model_id}` is {rec.status.value} and not ready yet.", "model")
     if fields.stream:
         return await held_stream(hold, rec.model_id, hold.settings.hold_keepalive_s,
-                                 lambda woke: replicas_of(woke).stream(req))
+                                 lambda woke: replicas_of(woke).stream(req), request_id)
     try:
-        woke = await hold.wait(rec.model_id)
+        woke = await hold.wait(rec.model_id, request_id)
     except HoldRefused as e:
         return e.response
     return await respond(replicas_of(woke), req, fields)
@@ -120,4 +149,5 @@ async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
 
 
 def too_large() -> Response:
-    return openai_error(413, f"request body is larger than {MAX_BODY_BYTES // 2**20} MiB")
+    return openai_error(413, f"the request body is larger than the hive's cap of {MAX_BODY_BYTES // 2**20} MiB "
+                             "(MAX_BODY_BYTES); send fewer prompts or smaller inline media per request")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from hive_apps.routing.split import fanout_problem
+
 # POST routes served by vLLM's OpenAI layer
 ENGINE_ROUTES = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
@@ -61,4 +63,4 @@ def body_problem(path: str, body: dict | None) -> tuple[str, str] | None:
             if role not in CHAT_ROLES:
                 return (f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}",
                         f"messages.[{i}].role")
-    return None
+    return fanout_problem(path, body)

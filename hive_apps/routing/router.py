@@ -20,9 +20,9 @@ from hive_apps import metrics, names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
-from hive_apps.routing.media import remote_media_problem
-from hive_apps.routing.paths import body_problem, engine_route, is_models_list, model_object_id
-from hive_apps.routing.http import BodyTooLarge, body_fields, read_forwarded, respond, respond_for, too_large
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.routing.http import (BodyTooLarge, parse_fields, read_forwarded, request_problem, respond, respond_for,
+                                    too_large)
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold
@@ -95,10 +95,9 @@ class Router:
             req = await read_forwarded(request, path)
         except BodyTooLarge:
             return too_large()
-        fields = body_fields(req)
+        fields = await parse_fields(req)
         if request.method == "POST":
-            problem = body_problem(path.rstrip("/"), fields.body) or \
-                await remote_media_problem(fields.body, self.settings.media_hosts)
+            problem = await request_problem(path, req, fields, self.settings.media_hosts)
             if problem is not None:
                 return openai_error(400, *problem)
         rec = self.record

@@ -8,7 +8,8 @@ choices renumbered in order (prompt i, sample j -> index i * n + j), usage added
 
 Not split: streamed requests (their chunks would interleave), requests with a ``seed``
 (a replica given part of n would repeat the same samples), and anything when fewer than
-two replicas have room.
+two replicas have room. Refused before any of this (``fanout_problem``, a 400): more than
+``MAX_N`` samples or ``MAX_PROMPTS`` prompts in one request.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from hive_apps.routing.policy import ReplicaView
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+MAX_N = 128
+"""The most samples (``n``) one chat or completions request may ask for. vLLM caps n per engine
+request (VLLM_MAX_N_SEQUENCES, 16384) but a split request is several engine requests, so that cap
+multiplies with the replicas; and one client's n = 2000 would fill every replica's batch."""
+MAX_PROMPTS = 1024
+"""The most prompts in one completions ``prompt`` or embeddings ``input`` list: vLLM's own
+per-request cap (VLLM_MAX_COMPLETION_PROMPTS), which splitting would multiply too."""
 
 
 class SplitPart(BaseModel):
@@ -51,6 +61,26 @@ def _prompt_list(prompt: Any) -> list | None:
     """Several prompts (strings, or lists of token ids); a single list of ids is one prompt."""
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         return prompt
+    return None
+
+
+def prompt_count(prompt: Any) -> int:
+    """How many prompts a ``prompt`` / ``input`` field holds, counted as vLLM counts them: a list is
+    that many prompts unless it is one prompt's token ids."""
+    if isinstance(prompt, list) and any(not isinstance(p, int) for p in prompt):
+        return len(prompt)
+    return 1
+
+
+def fanout_problem(path: str, body: dict[str, Any]) -> tuple[str, str] | None:
+    """``(message, param)`` when a request asks for more sequences than ``MAX_N`` / ``MAX_PROMPTS``."""
+    n = body.get("n")
+    if path in (COMPLETIONS, CHAT) and isinstance(n, int) and not isinstance(n, bool) and n > MAX_N:
+        return f"'n' may be at most {MAX_N} on this hive, got {n}; send several requests instead", "n"
+    field = {COMPLETIONS: "prompt", EMBEDDINGS: "input"}.get(path)
+    if field is not None and (count := prompt_count(body.get(field))) > MAX_PROMPTS:
+        return (f"'{field}' may hold at most {MAX_PROMPTS} prompts per request on this hive, got {count}; "
+                "send several requests instead", field)
     return None
 
 

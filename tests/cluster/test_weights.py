@@ -49,13 +49,14 @@ def test_a_hub_model_is_fetched_onto_each_node_that_runs_it(clean: Hive, fake_hu
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["revision"] == hub_shas[HUB_REPO] and body["weight_bytes"] == sum(weights.values())
-    # each engine loaded from its own node's cache; the planner's node holds no weights at all
+    # each engine loaded from its own node's cache; the head holds no weights at all
     for index, node in ((0, "node-a"), (1, "node-b")):
         info = engine_info("from-hub", index)
         assert info["weights_path"].startswith(str(weight_caches[node])), info["weights_path"]
         assert weight_files(weight_caches[node]) == weights
     assert weight_files(weight_caches["head"]) == {}
-    assert (weight_caches["head"] / "meta").exists()  # the planner's config.json & co.
+    # the planner (wherever Serve placed it) read config.json & co. from its own node's meta/ folder
+    assert any((cache / "meta").exists() for cache in weight_caches.values())
     # each weight file went over the wire once per node, and the metadata never to the engines' nodes only
     for name, size in weights.items():
         assert fake_hub.served_bytes[(HUB_REPO, name)] - before.get((HUB_REPO, name), 0) == 2 * size

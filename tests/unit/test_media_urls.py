@@ -1,5 +1,7 @@
 """Remote media is fetched only from the operator's hosts, and never from private addresses."""
 
+import json
+
 import pytest
 
 from hive_apps.routing.media import media_problem, remote_media_problem
@@ -46,3 +48,72 @@ async def test_requests_without_remote_media_look_nothing_up():
 def test_media_hosts_setting_is_a_lowercase_list(monkeypatch):
     monkeypatch.setenv("HIVE_MEDIA_HOSTS", "Media.Example.com, cdn.example.org")
     assert HiveSettings.from_env().media_hosts == ["media.example.com", "cdn.example.org"]
+
+
+# --- every shape vLLM fetches from, on every route that reaches an engine --------------------------
+REMOTE = "https://media.example.com/cat.png"
+
+
+def parts(*content: dict) -> list[dict]:
+    return [{"type": "message", "role": "user", "content": list(content)}]
+
+
+# (route, body, the field named in the refusal): shapes vLLM 0.32 loads that the typed-part check missed
+BYPASSES = {
+    "chat part without a type": ("/v1/chat/completions", {"model": "vl", "messages": [
+        {"role": "user", "content": [{"image_url": REMOTE}]}]}, "messages.[0].content.[0].image_url"),
+    "untyped audio object": ("/v1/chat/completions", {"model": "vl", "messages": [
+        {"role": "user", "content": [{"audio_url": {"url": REMOTE}, "uuid": "a1"}]}]},
+        "messages.[0].content.[0].audio_url.url"),
+    "input_image part in a chat": ("/v1/chat/completions", {"model": "vl", "messages": [
+        {"role": "user", "content": [{"type": "input_image", "image_url": REMOTE}]}]},
+        "messages.[0].content.[0].image_url"),
+    "input_audio given a url": ("/v1/chat/completions", {"model": "vl", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"url": REMOTE}}]}]},
+        "messages.[0].content.[0].input_audio.url"),
+    "responses input_image": ("/v1/responses", {"model": "vl", "input": parts(
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": REMOTE, "detail": "auto"})}, "input.[0].content.[1].image_url"),
+    "responses input_file": ("/v1/responses", {"model": "vl", "input": parts(
+        {"type": "input_file", "file_url": REMOTE})}, "input.[0].content.[0].file_url"),
+    "score text_2 content": ("/v1/score", {"model": "vl", "text_1": "a cat", "text_2": {"content": [
+        {"type": "video_url", "video_url": {"url": REMOTE}}]}}, "text_2.content.[0].video_url.url"),
+    "score queries": ("/v1/score", {"model": "vl", "queries": [{"content": [
+        {"type": "image_url", "image_url": {"url": REMOTE}}]}], "documents": ["a cat"]},
+        "queries.[0].content.[0].image_url.url"),
+    "rerank documents": ("/v1/rerank", {"model": "vl", "query": "a cat", "documents": [
+        "text", {"content": [{"type": "audio_url", "audio_url": {"url": REMOTE}}]}]},
+        "documents.[1].content.[0].audio_url.url"),
+    "a URL-like string anywhere under a media key": ("/v1/embeddings", {"model": "vl", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"alt": ["HTTPS://media.example.com/x"]}}]}]},
+        "messages.[0].content.[0].image_url.alt.[0]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BYPASSES))
+async def test_remote_media_is_refused_in_every_shape_vllm_fetches(name):
+    from hive_apps.engine.protocol import ForwardedRequest
+    from hive_apps.routing.http import body_fields, request_problem
+
+    path, body, field = BYPASSES[name]
+    req = ForwardedRequest(path=path, body=json.dumps(body).encode())
+    message, param = await request_problem(path, req, body_fields(req), [])  # HIVE_MEDIA_HOSTS unset
+    assert param == field and field in message and "HIVE_MEDIA_HOSTS" in message
+    assert media_problem(body, ["media.example.com"], public) is None  # a listed host is fetched
+    assert "not allowed" in media_problem(body, ["other.example.com"], public)[0]
+
+
+def test_file_urls_are_refused_even_beside_listed_hosts_and_inline_audio_is_no_url():
+    for url in ("file:///etc/passwd", "FILE:///etc/passwd", "//media.example.com/cat.png"):
+        body = {"model": "vl", "input": parts({"type": "input_image", "image_url": url})}
+        assert "scheme" in media_problem(body, ["media.example.com"], public)[0], url
+    mp3 = {"type": "input_audio", "input_audio": {"data": "//uQxAAAAAAAAAAA", "format": "mp3"}}  # raw MP3 frames
+    assert media_problem({"model": "a", "messages": [{"role": "user", "content": [mp3]}]}, [], public) is None
+    assert media_problem(chat("DATA:image/png;base64,iVBORw0KGgo="), [], public) is None  # vLLM's test ignores case
+
+
+def test_urls_two_parsers_read_differently_are_refused():
+    hosts = ["media.example.com"]
+    for url in ("https://evil.example.net\\@media.example.com/a.png", "https://user:pw@media.example.com/a.png",
+                "https://media.example.com/a b.png"):
+        assert "credentials, backslashes" in media_problem(chat(url), hosts, public)[0], url

@@ -240,3 +240,32 @@ def test_a_config_shape_the_planner_cannot_read_is_a_422_not_a_crash():
     msg = err.value.message
     assert "cannot model" in msg and "qwen3" in msg and "'num_key_value_heads' is a list of 28 values" in msg
     assert "TypeError" not in msg  # a clear message, not an internal error
+
+
+@pytest.mark.parametrize("content", [[{"model_type": "llama"}], "llama", 7, None])
+def test_a_config_json_that_is_not_an_object_is_a_422(tmp_path, content):
+    (tmp_path / "config.json").write_text(json.dumps(content))
+    for plan in (lambda: load_profile(str(tmp_path)), lambda: profile_from_config_dict(content)):
+        with pytest.raises(PlanningError) as refused:
+            plan()
+        assert refused.value.status_code == 422 and "must hold a JSON object" in refused.value.message
+
+
+SIZES = ("hidden_size", "num_key_value_heads", "num_attention_heads", "head_dim", "num_hidden_layers",
+         "intermediate_size", "vocab_size")
+
+
+@pytest.mark.parametrize("field,value", [(f, -8) for f in SIZES] + [(f, 0) for f in SIZES if f != "head_dim"])
+def test_a_size_that_is_not_positive_is_a_422_naming_it(field, value):
+    with open(os.path.join(fixture_path("meta-llama__Llama-3.1-8B"), "config.json")) as f:
+        config = {**json.load(f), "head_dim": 128, field: value}
+    with pytest.raises(PlanningError) as refused:
+        profile_from_config_dict(config)
+    assert refused.value.status_code == 422 and f"'{field}' is {value}" in refused.value.message
+
+
+def test_head_dim_zero_is_unset_as_in_vllm():
+    """vLLM's get_head_size reads head_dim 0 as absent (transformers writes some missing ones as 0)."""
+    with open(os.path.join(fixture_path("meta-llama__Llama-3.1-8B"), "config.json")) as f:
+        config = {**json.load(f), "head_dim": 0}
+    assert profile_from_config_dict(config).head_dim == 4096 // 32

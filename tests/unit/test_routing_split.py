@@ -66,3 +66,24 @@ def test_merge_renumbers_choices_and_adds_usage():
     merged = merge_answers(nsplit, [{"choices": [{"index": 0}], "usage": usage}, {"choices": [{"index": 0}], "usage": usage}])
     assert [c["index"] for c in merged["choices"]] == [0, 1]
     assert merged["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+
+
+def test_n_and_the_prompts_of_one_request_are_capped_before_any_split():
+    """vLLM caps n and the prompt list per engine request; a split request is several, so the hive
+    caps them once for the whole request (n = 2000 was served)."""
+    from hive_apps.routing.paths import body_problem
+    from hive_apps.routing.split import MAX_N, MAX_PROMPTS
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for path, body in ((CHAT, {**chat, "n": 2000}), (COMPLETIONS, {"model": "m", "prompt": "x", "n": MAX_N + 1})):
+        message, param = body_problem(path, body)
+        assert param == "n" and f"at most {MAX_N}" in message
+    assert body_problem(CHAT, {**chat, "n": MAX_N}) is None
+    for path, field, prompts in ((COMPLETIONS, "prompt", ["p"] * (MAX_PROMPTS + 1)),
+                                 (COMPLETIONS, "prompt", [[1, 2]] * (MAX_PROMPTS + 1)),
+                                 ("/v1/embeddings", "input", ["a"] * (MAX_PROMPTS + 1))):
+        message, param = body_problem(path, {"model": "m", field: prompts})
+        assert param == field and f"at most {MAX_PROMPTS} prompts" in message
+    assert body_problem(COMPLETIONS, {"model": "m", "prompt": ["p"] * MAX_PROMPTS}) is None
+    assert body_problem(COMPLETIONS, {"model": "m", "prompt": list(range(50_000))}) is None  # one tokenized prompt
+    assert MAX_N == 128 and MAX_PROMPTS == 1024

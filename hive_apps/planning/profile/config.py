@@ -26,6 +26,7 @@ def load_profile(model: str, vllm_kwargs: dict[str, Any] | None = None):
             raw = json.load(f)
     except (OSError, ValueError) as exc:
         raise PlanningError(f"model {model!r}: cannot read {config_path}: {exc}", 422) from exc
+    require_object(raw, f"model {model!r}: {config_path}")
     try:
         from transformers import AutoConfig
 
@@ -41,8 +42,16 @@ def profile_from_config_dict(d: dict[str, Any], path: str = "",
     """Profile a parsed ``config.json`` (side files such as hf_quant_config.json are read from ``path``)."""
     from hive_apps.planning.profile.build import build_or_422
 
+    require_object(d, f"model {model or path!r}: config.json")
     return build_or_422(config_from_dict(d), d, model=model or path or d.get("_name_or_path", ""),
                         path=path, vllm_kwargs=dict(vllm_kwargs or {}))
+
+
+def require_object(raw: Any, what: str) -> None:
+    """A config.json that is valid JSON but not an object (a list, a string) is a 422, not a crash."""
+    if not isinstance(raw, dict):
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(raw), "number")
+        raise PlanningError(f"{what} must hold a JSON object (the model's config), not a JSON {kind}", 422)
 
 
 def resolve_local_folder(model: str) -> str:

@@ -17,6 +17,19 @@ _DTYPE_ALIASES = {
 }
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
+# Sizes the model is built from (with their aliases): present, each must be positive. A zero or
+# negative one is a broken config that would plan a negative or empty model, never "unset"
+# (that is a missing key). ``head_dim`` is in SIZE_FIELDS too, but vLLM's ``get_head_size`` reads
+# 0 as unset (some transformers configs write a missing head_dim as 0) and falls back.
+SIZE_FIELDS = frozenset({
+    "hidden_size", "d_model", "n_embd", "model_dim",
+    "num_hidden_layers", "num_layers", "n_layer", "n_layers",
+    "num_attention_heads", "num_heads", "n_head", "n_heads",
+    "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups",
+    "head_dim", "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "vocab_size", "padded_vocab_size",
+})
+ZERO_MEANS_UNSET = frozenset({"head_dim"})
+
 
 class Unmodelled(Exception):
     """The config has a shape the planner does not model exactly; ``how`` says what the user can do."""
@@ -50,13 +63,21 @@ def get(cfg: Any, *names: str, default: Any = None) -> Any:
 
 
 def num(cfg: Any, *names: str, default: Any = None) -> Any:
-    """A field vLLM reads as one number: a list there (one value per layer) is ``Unmodelled``."""
-    value = get(cfg, *names, default=default)
+    """A field vLLM reads as one number: a list there (one value per layer) is ``Unmodelled``, and so
+    is a size of ``SIZE_FIELDS`` that is not positive."""
+    value = get(cfg, *names)
+    if value is None:
+        return default
+    name = _first_present(cfg, names)
     if isinstance(value, (list, tuple)):
-        raise Unmodelled(f"'{_first_present(cfg, names)}' is a list of {len(value)} values (one per layer?) "
+        raise Unmodelled(f"'{name}' is a list of {len(value)} values (one per layer?) "
                          "where vLLM's model code for this architecture reads one number")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if name in SIZE_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            value < 0 or (value == 0 and name not in ZERO_MEANS_UNSET)):
+        raise Unmodelled(f"'{name}' is {value}, and a size the model is built from must be positive",
+                         "fix config.json")
     return value
 
 
