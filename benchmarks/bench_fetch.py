@@ -14,8 +14,10 @@
 2. Deploy of a cached model. The hive as the quickstart starts it (``ray start``, ``serve deploy``),
    sim engines: ``POST /admin/models?wait=true`` of the same config from a local folder, and from the
    Hub repo once its weights are in the node's cache (the first Hub deploy fetches them and is not
-   counted), interleaved. Reported: the medians and their difference, which is what naming a Hub
-   repo costs once its weights are on the node (the listing and the cache check).
+   counted), interleaved, each after the last one's app has gone. Reported: the medians and their
+   difference (on 2 cores a deploy varies by a second either way), and from the admin's log the
+   hive's own steps for each (planning, with the listing; the room check; asking the node for the
+   weights), which are what naming a Hub repo adds once its weights are on the node.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -99,7 +102,7 @@ def throughput(hub: FakeHub, rounds: int, workers: int, total: int) -> tuple[flo
     return total / MiB / hf_s, total / MiB / hive_s
 
 
-def deploy_overhead(hub: FakeHub, rounds: int) -> tuple[float, float]:
+def deploy_overhead(hub: FakeHub, rounds: int, settle_s: float) -> tuple[float, float]:
     from bench_vs_vllm import ADMIN_TOKEN, start_hive_apps
 
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -118,12 +121,14 @@ def deploy_overhead(hub: FakeHub, rounds: int) -> tuple[float, float]:
         if r.status_code != 200:
             raise RuntimeError(f"deploy {model}: HTTP {r.status_code} {r.text[:500]}")
         assert httpx.delete(f"{url}/admin/models/{model_id}", headers=admin, timeout=120).status_code == 200
+        time.sleep(settle_s)  # the deleted app's router drains behind HAProxy: let it go before the next
         return seconds
 
     try:
         print("starting the hive (ray start, serve deploy) ...", flush=True)
-        url, _, _ = start_hive_apps(workdir, {"HF_ENDPOINT": hub.url, "HIVE_WEIGHTS_CACHE": str(workdir / "cache")},
-                                    trees)
+        url, temp_dir, _ = start_hive_apps(workdir, {"HF_ENDPOINT": hub.url,
+                                                     "HIVE_WEIGHTS_CACHE": str(workdir / "cache")}, trees)
+        print(f"  Ray's logs: {temp_dir}/session_latest/logs/serve", flush=True)
         deploy("warm-up", str(folder))  # starts the planner's worker
         first = deploy("fetch", REPO)
         print(f"  first deploy from the Hub (fetches the weights): {first:.2f}s", flush=True)
@@ -132,10 +137,31 @@ def deploy_overhead(hub: FakeHub, rounds: int) -> tuple[float, float]:
             local.append(deploy(f"local{i}", str(folder)))
             cached.append(deploy(f"hub{i}", REPO))
             print(f"  round {i + 1}: local folder {local[-1]:.2f}s, cached Hub repo {cached[-1]:.2f}s", flush=True)
+        own = hive_steps(temp_dir / "session_latest" / "logs" / "serve")
+        for kind in ("local", "hub"):
+            steps = [own[f"{kind}{i}"] for i in range(rounds) if f"{kind}{i}" in own]
+            if steps:
+                print(f"  the hive's own steps, {kind:5s} (median of {len(steps)}): planning "
+                      f"{statistics.median(s[0] for s in steps) * 1000:.0f} ms, room for the weights "
+                      f"{statistics.median(s[1] for s in steps) * 1000:.0f} ms, weights on the node "
+                      f"{statistics.median(s[2] for s in steps) * 1000:.0f} ms", flush=True)
         return statistics.median(local), statistics.median(cached)
     finally:
         for tree in trees.values():
             tree.stop()
+
+
+def hive_steps(logs: Path) -> dict[str, tuple[float, float, float]]:
+    """Per model id, from the admin's log: seconds planning, checking room for the weights on the
+    nodes, and asking the nodes for the weights (the steps a cached Hub repo adds to, or not)."""
+    plans, asks = {}, {}
+    for path in logs.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if m := re.search(r"-- (\S+): planned in ([\d.]+)s, room for its weights checked in ([\d.]+)s", line):
+                plans[m[1]] = (float(m[2]), float(m[3]))
+            elif m := re.search(r"-- (\S+): weights on .*: ready \(asked in ([\d.]+)s\)", line):
+                asks[m[1]] = float(m[2])
+    return {k: (*plans[k], asks[k]) for k in plans if k in asks}
 
 
 def main() -> int:
@@ -146,6 +172,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--deploy-rounds", type=int, default=5)
     ap.add_argument("--skip-deploy", action="store_true")
+    ap.add_argument("--settle", type=float, default=5.0, help="seconds between deploys (a deleted app's router drains)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-fetch-model-"))
     total = make_model(work / "model", args.files, args.file_mib)
@@ -157,7 +184,7 @@ def main() -> int:
         print(f"\nmedians: hf download {hf_rate:.1f} MiB/s, hive fetch {hive_rate:.1f} MiB/s: "
               f"hive / hf download = {hive_rate / hf_rate:.2f}x (target >= 0.90x)")
         if not args.skip_deploy:
-            local, cached = deploy_overhead(hub, args.deploy_rounds)
+            local, cached = deploy_overhead(hub, args.deploy_rounds, args.settle)
             print(f"\nmedians: POST ?wait=true of a local folder {local:.2f}s, of a cached Hub repo {cached:.2f}s: "
                   f"+{cached - local:.2f}s for naming the Hub repo (target <= 0.50s)")
     shutil.rmtree(work, ignore_errors=True)

@@ -204,8 +204,12 @@ class Admin(ControlPlane):
         if existing is not None and existing.status not in ENDED:
             raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id", "model_id")
+        began = time.perf_counter()
         plan = await self._place(spec)
+        placed = time.perf_counter()
         problems = await self.caches.room_problems(plan, await self.reconciler.weights_in_use())
+        log.info("%s: planned in %.3fs, room for its weights checked in %.3fs", spec.model_id, placed - began,
+                 time.perf_counter() - placed)
         if problems:
             raise AdminError(422, f"the weights of {spec.model!r} cannot go where the plan puts its replicas: "
                                   + "; ".join(problems), "model")

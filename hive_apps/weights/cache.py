@@ -43,14 +43,28 @@ PARTIAL_SUFFIX = ".incomplete"
 _BLOB_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 
 
+def boot_id() -> str:
+    """This machine's boot (Linux); files are not fsynced as they arrive (``hf download`` does not
+    either, and it cost a fifth of the throughput), so a file verified before a crash or a power
+    loss may not hold those bytes after it: a record from another boot is checked again."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = boot_id()
+
+
 class VerifiedFile(BaseModel):
-    """A file whose bytes were checked: the stat that proves it has not changed since, and its sha256
-    (the digest to compare with when the stat moved and the source vouches for none, e.g. a multipart
-    S3 object)."""
+    """A file whose bytes were checked: the stat that proves it has not changed since (in this boot),
+    and its sha256 (the digest to compare with when the stat moved and the source vouches for none,
+    e.g. a multipart S3 object)."""
 
     size: int
     mtime_ns: int
     sha256: str
+    boot: str = ""
 
 
 class EntryRecord(BaseModel):
@@ -199,7 +213,8 @@ class NodeCache:
         st = self.file_path(manifest, file).stat()
         with self._lock:
             record = self._open_entry(manifest)
-            record.verified[file.path] = VerifiedFile(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256)
+            record.verified[file.path] = VerifiedFile(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256,
+                                                      boot=BOOT_ID)
             self._save(record)
 
     def discard(self, manifest: Manifest, file: RemoteFile) -> None:
@@ -221,7 +236,7 @@ class NodeCache:
         """Cheap: the record and one stat (following the Hub's snapshot link to its blob)."""
         record = record if record is not None else self.record(manifest.key)
         seen = record.verified.get(file.path) if record is not None else None
-        if seen is None or seen.size != file.size:
+        if seen is None or seen.size != file.size or seen.boot != BOOT_ID:
             return False
         try:
             st = self.file_path(manifest, file).stat()

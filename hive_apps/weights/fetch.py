@@ -29,34 +29,30 @@ from __future__ import annotations
 
 import base64
 import errno
-import functools
 import hashlib
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import closing, contextmanager
-from contextvars import ContextVar
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-import boto3
 import botocore.exceptions
 import httpx2
-from botocore.config import Config
 from filelock import Timeout as LockTimeout
-from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import WeakFileLock, build_hf_headers, silent_tqdm
 
 from hive_apps.weights.cache import PARTIAL_SUFFIX, NodeCache
+from hive_apps.weights.clients import hub_endpoint, hub_online, hub_token, s3_client, s3_location, scrub
 from hive_apps.weights.types import (
     FetchProgress,
     FetchState,
@@ -71,72 +67,11 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20
 MAX_BACKOFF_S = 30.0
 PROGRESS_EVERY_S = 0.2
-SECRET_VARS = ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-_BEARER = re.compile(r"(?i)(bearer\s+)\S+")
-_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
 _MD5 = re.compile(r"[0-9a-f]{32}")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _RETRY_STATUS = frozenset({408, 429})
 
 ProgressCallback = Callable[[FetchProgress], None]
-
-
-def scrub(text: str) -> str:
-    """``text`` with this process's secrets masked: upstream errors may echo a header or a URL."""
-    for var in SECRET_VARS:
-        if (value := os.environ.get(var)) and len(value) >= 4:
-            text = text.replace(value, "***")
-    return _HF_TOKEN.sub("***", _BEARER.sub(r"\1***", text))
-
-
-# -- the Hub while HF_HUB_OFFLINE=1 ----------------------------------------------------------------
-
-_HUB_ONLINE: ContextVar[bool] = ContextVar("hive_hub_online", default=False)
-_switch_lock = threading.Lock()
-
-
-def _install_online_switch() -> None:
-    """``huggingface_hub`` reads HF_HUB_OFFLINE once, at import, and asks ``constants.is_offline_mode()``
-    before every request. Engines and tests run offline and must stay so; only the fetch's own threads
-    (inside ``hub_online``) are let through."""
-    with _switch_lock:
-        offline = hf_constants.is_offline_mode
-        if getattr(offline, "hive_switch", False):
-            return
-
-        def is_offline_mode() -> bool:
-            return not _HUB_ONLINE.get() and offline()
-
-        is_offline_mode.hive_switch = True  # type: ignore[attr-defined]
-        hf_constants.is_offline_mode = is_offline_mode
-
-
-@contextmanager
-def hub_online() -> Iterator[None]:
-    """Lift the Hub's offline mode for the calling thread only, for the duration of the block."""
-    _install_online_switch()
-    token = _HUB_ONLINE.set(True)
-    try:
-        yield
-    finally:
-        _HUB_ONLINE.reset(token)
-
-
-def s3_client() -> Any:
-    """An S3 client from the standard AWS variables as they are now (``AWS_ENDPOINT_URL`` included)."""
-    return _s3_client(tuple(os.environ.get(name) for name in _S3_ENV))
-
-
-_S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE",
-           "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
-
-@functools.lru_cache(maxsize=4)
-def _s3_client(env: tuple[str | None, ...]) -> Any:
-    """One client per set of AWS variables: a client is thread-safe, and making one reads botocore's
-    service models (most of a second). A session of its own, as boto3's default one is not
-    thread-safe. Botocore's own retries are off: ``fetch`` retries, and counts the tries."""
-    return boto3.session.Session().client("s3", config=Config(retries={"total_max_attempts": 1}))
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -375,9 +310,9 @@ class _PartialFile:
         self._job.progress.set(self._name, self.size, fetched=False)
 
     def finish(self, final: Path) -> str:
-        """Move the file to ``final`` if it is the expected one; returns its sha256."""
+        """Move the file to ``final`` if it is the expected one; returns its sha256. Not fsynced: a
+        record of this boot vouches for it, a later boot checks it again (``cache.boot_id``)."""
         self._file.flush()
-        os.fsync(self._file.fileno())
         size = self.size
         self._file.close()
         if (wrong := self._hashes.mismatch(size)) is not None:
@@ -429,8 +364,8 @@ def _download_s3(job: _Fetch, file: RemoteFile) -> str:
     """One S3 object, resumed with a Range request under ``If-Match`` (the bytes already on disk must
     belong to the same object), hashed as it streams. Returns its sha256."""
     manifest = job.manifest
-    bucket, _, prefix = manifest.source.location.partition("/")
-    key = f"{prefix}/{file.path}" if prefix else file.path
+    bucket, prefix = s3_location(manifest.source)
+    key = prefix + file.path
     head = job.s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     etag = head["ETag"].strip('"')
     if file.etag and etag != file.etag:
@@ -563,9 +498,9 @@ def fetch(manifest: Manifest, cache: NodeCache, *, workers: int = 8, attempts: i
     job = _Fetch(manifest, cache, attempts, backoff_s, _Progress(manifest, on_progress))
     try:
         if manifest.source.kind is SourceKind.HUB:
-            job.endpoint, job.token = os.environ.get("HF_ENDPOINT") or None, os.environ.get("HF_TOKEN") or None
+            job.endpoint, job.token = hub_endpoint(), hub_token()
         else:
-            job.s3 = s3_client()
+            job.s3 = s3_client(retries=False)  # the fetch retries, and counts the tries, itself
         record = cache.record(manifest.key)  # made with the first verified file: a fetch that gets none leaves none
         pending = []
         for file in manifest.files:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hive_apps.weights.cache import NodeCache
-from hive_apps.weights.fetch import fetch, scrub
+from hive_apps.weights.clients import scrub
+from hive_apps.weights.fetch import fetch
 from hive_apps.weights.types import (
     CacheDisk,
     CachedWeights,

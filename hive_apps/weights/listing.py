@@ -3,12 +3,13 @@
 The planner lists a deploy's source once (``list_source``): the listing pins the revision every
 replica will load and gives the checkpoint's size (``Manifest.weight_bytes``) without downloading a
 weight. ``fetch_metadata`` then brings only the config, tokenizer and index files the planner reads.
-No Ray here: this runs wherever the planner runs, and the fetchers on the nodes share its helpers.
+No Ray here: this runs wherever the planner runs, and shares its clients with the nodes' fetch
+(``clients``).
 
 Credentials come from the environment at call time (``HF_TOKEN``; boto3's standard ``AWS_*``
 variables), so a rotated key needs no restart, and no message ever carries one. The Hub is asked
 even where ``HF_HUB_OFFLINE`` keeps the engines off it: only the calling thread goes online, as in
-the nodes' fetch (``fetch.hub_online``).
+the nodes' fetch (``clients.hub_online``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.session
 import httpx2
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
@@ -37,10 +36,9 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoSibling
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from hive_apps.weights.fetch import hub_online, scrub
+from hive_apps.weights.clients import hub_endpoint, hub_online, hub_token, s3_client, s3_location, scrub
 from hive_apps.weights.types import Manifest, RemoteFile, SourceError, SourceKind, WeightSource, etag_revision
 
-DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 HUB_TIMEOUT_S = 30.0
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 
@@ -59,38 +57,6 @@ WEIGHT_PATTERNS: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth", "
 
 _S3_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
               "ExpiredToken", "InvalidToken", "AccountProblem"}
-
-
-def hub_endpoint() -> str:
-    """``HF_ENDPOINT`` now: huggingface_hub reads it once, at import, so every call here passes it."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
-
-
-def hub_token() -> str | None:
-    """``HF_TOKEN``, and nothing else: a login stored on one node must not make the planner see a repo
-    that the other nodes' fetchers cannot."""
-    return os.environ.get("HF_TOKEN") or None
-
-
-def s3_client() -> Any:
-    """A client from a fresh session, so credentials and endpoint are read now, not cached from the
-    first call (``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION`` and the keys, as boto3 reads them)."""
-    session = botocore.session.get_session()
-    session.register_component("data_loader", _service_models())
-    return boto3.session.Session(botocore_session=session).client("s3")
-
-
-@functools.cache
-def _service_models() -> Any:
-    """botocore's reader of its service descriptions: they never change, and reading them again is
-    most of the cost of a new session."""
-    return botocore.session.get_session().get_component("data_loader")
-
-
-def s3_location(source: WeightSource) -> tuple[str, str]:
-    """(bucket, key prefix ending in "/" or empty) of an S3 source."""
-    bucket, _, prefix = source.location.partition("/")
-    return bucket, f"{prefix}/" if prefix else ""
 
 
 def is_metadata(path: str) -> bool:
@@ -148,7 +114,7 @@ def _list_s3(source: WeightSource) -> Manifest:
     bucket, prefix = s3_location(source)
     files = []
     with s3_errors(source):
-        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for page in s3_client(retries=True).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 if not obj["Key"].endswith("/"):  # a console "folder" marker holds nothing
                     files.append(RemoteFile(path=obj["Key"][len(prefix):], size=obj["Size"],
@@ -211,7 +177,8 @@ def fetch_metadata(manifest: Manifest, dest_root: Path) -> Path:
     scratch = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.part"  # same disk: renames are atomic
     scratch.mkdir()
     download: Callable[[Manifest, RemoteFile, Path], Path] = (
-        _hub_download if manifest.source.kind is SourceKind.HUB else functools.partial(_s3_download, s3_client()))
+        _hub_download if manifest.source.kind is SourceKind.HUB
+        else functools.partial(_s3_download, s3_client(retries=True)))
     try:
         for f in missing:
             part = download(manifest, f, scratch)

@@ -6,6 +6,7 @@ revision a heal is pinned to, and the admin's room check before anything is book
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import random
 import uuid
@@ -176,3 +177,32 @@ def test_a_fetch_progress_is_ready_at_once_when_cached(hub, tmp_path):
     progress = again.ensure(manifest)
     assert progress.state is FetchState.READY and progress.path.startswith(str(tmp_path / "node"))
     assert sum(n for (r, _), n in hub.served_bytes.items() if r == repo) == served
+
+
+def test_files_verified_before_a_reboot_are_checked_again(hub, tmp_path, monkeypatch):
+    """Files are not fsynced as they arrive: after a crash their bytes may differ while size and
+    mtime look the same, so a record from another boot vouches for nothing."""
+    from hive_apps.weights import cache
+    from hive_apps.weights.fetcher import WeightFetcher
+    from hive_apps.weights.listing import list_source
+    from hive_apps.weights.source import parse_source
+
+    repo = f"{REPO}-{uuid.uuid4().hex[:8]}"
+    files = repo_files(8)
+    hub.add_repo(repo, files)
+    manifest = list_source(parse_source(repo))
+    fetcher = WeightFetcher(tmp_path / "node", "node-x", workers=2)
+    fetcher.ensure(manifest)
+    assert fetcher.wait(manifest.key, 30).state is FetchState.READY
+    name = "model-00001-of-00002.safetensors"
+    blob = (Path(fetcher.ensure(manifest).path) / name).resolve()
+    st = blob.stat()
+    blob.write_bytes(bytes(SHARD))  # what a lost page cache can leave: zeros, same size...
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # ...and the same mtime
+    assert WeightFetcher(tmp_path / "node", "node-x").ensure(manifest).state is FetchState.READY  # same boot: trusted
+    served = hub.served_bytes[(repo, name)]
+    monkeypatch.setattr(cache, "BOOT_ID", "after-a-reboot")
+    again = WeightFetcher(tmp_path / "node", "node-x", workers=2)
+    again.ensure(manifest)
+    assert again.wait(manifest.key, 30).state is FetchState.READY
+    assert hub.served_bytes[(repo, name)] - served == SHARD and blob.read_bytes() == files[name]

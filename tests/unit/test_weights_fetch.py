@@ -175,7 +175,7 @@ def s3_wire(monkeypatch) -> S3Wire:
     WIRE.served.clear()
     WIRE.cuts.clear()
     real = fetch_mod.s3_client
-    monkeypatch.setattr(fetch_mod, "s3_client", lambda: WIRE.watch(real()))
+    monkeypatch.setattr(fetch_mod, "s3_client", lambda retries: WIRE.watch(real(retries)))
     return WIRE
 
 
@@ -563,8 +563,11 @@ def test_secrets_never_reach_errors_or_logs(kind, hub, tmp_path, monkeypatch, ca
         real = fetch_mod.s3_client
 
         class Leaky:  # the fetch's own client (shared, kept) behind it, untouched
+            def __init__(self, retries: bool):
+                self.retries = retries
+
             def __getattr__(self, name: str) -> Any:
-                return getattr(real(), name)
+                return getattr(real(self.retries), name)
 
             def head_object(self, **kwargs: Any) -> None:
                 raise botocore.exceptions.ClientError(
