@@ -8,7 +8,8 @@ Rules (README "Lifecycle"):
 - A model *can sleep* when its deploy set ``sleep_timeout``. Only such models are ever put
   to sleep, by their own timeout or to make room for another model.
 - Idle time counts from the last request an engine answered (health checks and load polls
-  do not count), or from when the model last became ready, whichever is later.
+  do not count), from when the model last became ready, or from the last wake a held request
+  asked for, whichever is later: clients that keep asking for a model that cannot wake want it.
 - Making room (a model must wake or deploy and its memory is taken): candidates are the
   sleepable models that are resident, not ``keep_resident``, have nothing in flight, and
   have been resident for at least the minimum residency. They are taken in order of
@@ -28,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel
+
+from hive_apps.registry.records import ModelStatus
 
 # Wake and cold-start timing, from vLLM's published figures (issue 9: vLLM 0.11, A100,
 # Qwen3-235B-A22B-FP8, TP4, ~55 GiB of weights per rank). A level-1 wake only copies the
@@ -85,9 +88,11 @@ def update_activity(prev: Activity | None, in_flight: int, requests_total: int,
                     rate_per_s=rate, sampled_at=now, pressures=pressures or {})
 
 
-def idle_since(last_request_at: float | None, ready_at: float | None) -> float | None:
-    """Since when the model has had no request (None: it never became ready)."""
-    times = [t for t in (last_request_at, ready_at) if t is not None]
+def idle_since(last_request_at: float | None, ready_at: float | None,
+               wake_requested_at: float | None = None) -> float | None:
+    """Since when the model has had no request (None: it never became ready). Only a held
+    request asks for a wake (``routing/hold.py``), so the last wake asked is a request too."""
+    times = [t for t in (last_request_at, ready_at, wake_requested_at) if t is not None]
     return max(times) if times else None
 
 
@@ -127,11 +132,17 @@ def wake_s(level: int, weight_bytes: int, tp: int = 1, compute_capability: tuple
     return level1 * (LEVEL2_WAKE_FACTOR if level == 2 else 1.0)
 
 
+# Where the registry's ``sleep`` transition starts: a model healing or scaling holds its memory
+# until that ends, and asking it to sleep is refused.
+SLEEPS_FROM = (ModelStatus.READY, ModelStatus.DEGRADED)
+
+
 class Candidate(BaseModel):
     """A resident model that might be put to sleep to make room."""
 
     model_id: str
     can_sleep: bool
+    status: ModelStatus = ModelStatus.READY
     keep_resident: bool = False
     priority: int = 0  # higher is evicted later
     in_flight: int = 0
@@ -165,6 +176,8 @@ def eviction_order(candidates: list[Candidate], now: float, min_residency_s: flo
             refused.append(Refusal(model_id=c.model_id, reason="has no sleep_timeout (never evicted)"))
         elif c.keep_resident:
             refused.append(Refusal(model_id=c.model_id, reason="keep_resident"))
+        elif c.status not in SLEEPS_FROM:
+            refused.append(Refusal(model_id=c.model_id, reason=f"{c.status.value} (it can sleep once that ends)"))
         elif c.in_flight > 0:
             refused.append(Refusal(model_id=c.model_id, reason=f"{c.in_flight} requests in flight"))
         elif now - c.resident_since < min_residency_s:

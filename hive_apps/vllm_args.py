@@ -59,6 +59,7 @@ REFUSED: dict[str, str] = {
     "model": "set by the hive from 'model'", "served_model_name": "set by the hive from 'model_id'",
     "device": "set by the hive from the placement",
 }
+IMPORTS_A_MODULE = "it imports any Python module or .py file"
 # Allowed only when the operator says so: they run or read code and files the deploy names.
 RISKY: dict[str, str] = {
     "trust_remote_code": "it runs the model repository's own Python code on the node (HIVE_TRUST_REMOTE_CODE=1 allows it)",
@@ -68,6 +69,23 @@ RISKY: dict[str, str] = {
     "tool_parser_plugin": "it imports a Python file",
     "allowed_local_media_path": "it lets requests read local files",
     "download_dir": "it writes to a path of the deploy's choosing",
+    "reasoning_parser_plugin": IMPORTS_A_MODULE,
+}
+# Keys at any depth of the dict-valued arguments above that make vLLM 0.32, or the transformers
+# loaders it hands them to, import code or open paths: ``structured_outputs_config.
+# reasoning_parser_plugin`` imports any module or .py file; ``mm_processor_kwargs`` go on to
+# ``AutoProcessor.from_pretrained`` (``cache_dir``, ``tokenizer_file``, ``code_revision``...);
+# ``hf_overrides`` can point ``auto_map`` at other code. Allowed only where the operator lists the
+# dotted name (``structured_outputs_config.reasoning_parser_plugin``) in HIVE_VLLM_KWARGS_ALLOW.
+NESTED_RISKY: dict[str, str] = {
+    "auto_map": "it points the model's config at other Python code",
+    "code_revision": "it picks which revision of a repository's Python code runs",
+    "trust_remote_code": "it runs a repository's own Python code on the node",
+}
+OPENS_A_PATH = "it reads or writes a path of the deploy's choosing"
+NESTED_RISKY_SUFFIXES: dict[str, str] = {
+    "_plugin": IMPORTS_A_MODULE,
+    "_path": OPENS_A_PATH, "_file": OPENS_A_PATH, "_files": OPENS_A_PATH, "_dir": OPENS_A_PATH,
 }
 
 
@@ -109,6 +127,30 @@ def _hook_problem(key: str, value: Any, settings: HiveSettings) -> str | None:
     return None
 
 
+def _needs_operator(name: str, reason: str) -> str:
+    return f"{name} is refused: {reason}; an operator may allow it with HIVE_VLLM_KWARGS_ALLOW={name}"
+
+
+def _nested_risk(key: str) -> str | None:
+    return NESTED_RISKY.get(key) or next((why for end, why in NESTED_RISKY_SUFFIXES.items() if key.endswith(end)), None)
+
+
+def _nested_problems(key: str, value: Any, widened: set[str]) -> list[str]:
+    """A dict-valued argument is passed on whole: the code- and path-loading keys inside it, at
+    any depth, need the operator as much as the top-level ones do."""
+    problems, todo = [], [(key, value)]
+    while todo:
+        path, node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for name, inner in items:
+            dotted = f"{path}.{name}"
+            reason = _nested_risk(name) if isinstance(name, str) else None
+            if reason and dotted not in widened:
+                problems.append(_needs_operator(dotted, reason))
+            todo.append((dotted, inner))
+    return sorted(problems)
+
+
 LEGACY_TASK = "task"
 LEGACY_POOLING_TASKS = ("embed", "embedding")
 
@@ -137,8 +179,8 @@ def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSett
             else:
                 allowed = key in widened
             if not allowed:
-                problems.append(f"{key} is refused: {RISKY[key]}"
-                                + ("" if key == "trust_remote_code" else f"; an operator may allow it with HIVE_VLLM_KWARGS_ALLOW={key}"))
+                problems.append(f"{key} is refused: {RISKY[key]}" if key == "trust_remote_code"
+                                else _needs_operator(key, RISKY[key]))
         elif key in HOOKS:
             problem = _hook_problem(key, value, settings)
             if problem:
@@ -157,7 +199,10 @@ def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSett
         elif key in ALLOWED:
             if value is None and key in NULLABLE:
                 continue  # null: the hive picks no such parser (planning/parsers.py)
-            problems.append(_type_problem(key, value, ALLOWED[key]))
+            problem = _type_problem(key, value, ALLOWED[key])
+            problems.append(problem)
+            if problem is None and ALLOWED[key] is dict:
+                problems.extend(_nested_problems(key, value, widened))
             if key == "chat_template" and isinstance(value, str) and "{{" not in value and "{%" not in value:
                 problems.append("chat_template must be the template itself (Jinja text); a path would read a local file")
         elif key not in widened:

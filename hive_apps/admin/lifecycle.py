@@ -27,6 +27,7 @@ from hive_apps.lifecycle import (
     eviction_order,
     idle_since,
     protection_ends,
+    Refusal,
     replica_to_retire,
     scale_decision,
     ScaleClock,
@@ -161,7 +162,7 @@ class Lifecycle(ControlPlane):
                                     reason=f"no requests for {now - since:.0f}s (sleep_timeout {spec.sleep_timeout:g}s)")
                     asked.append(rec.model_id)
             elif rec.status is ModelStatus.SLEEPING and not rec.resident:
-                since = idle_since(rec.last_request_at, rec.resident_since)
+                since = idle_since(rec.last_request_at, rec.resident_since, rec.wake_requested_at)
                 if destroy_due(spec.idle_timeout, since, 0, now):
                     await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
                     asked.append(rec.model_id)
@@ -202,7 +203,8 @@ class Lifecycle(ControlPlane):
     def _candidate(self, rec: ModelRecord) -> Candidate:
         act = self.activity.get(rec.model_id) or Activity()
         wake = rec.last_wake.total_s if rec.last_wake else cold_start_s(rec.plan.profile.weight_bytes)
-        return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, keep_resident=rec.spec.keep_resident,
+        return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, status=rec.status,
+                         keep_resident=rec.spec.keep_resident,
                          priority=rec.spec.priority, in_flight=act.in_flight, rate_per_s=act.rate_per_s,
                          wake_cost_s=wake, resident_since=rec.resident_since, last_request_at=act.last_request_at,
                          devices=sorted({d for rp in rec.plan.replicas for d in rp.devices}))
@@ -236,7 +238,8 @@ class Lifecycle(ControlPlane):
         the plan of engines asleep on their devices (room is made there or not at all).
 
         Models already draining count as freed: their memory is on its way back, so a retry
-        never evicts more than needed."""
+        never evicts more than needed. A victim whose sleep the registry refuses (its record moved
+        on since it was read) is neither reported nor waited for: the search goes on without it."""
         now = time.time()
         records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
         devices = await self.registry.capacities.remote()
@@ -259,17 +262,28 @@ class Lifecycle(ControlPlane):
                 freed[dev] = freed.get(dev, 0) + nbytes
             return (await self._plan_with(spec, devices, freed, as_asked, in_place, weights)).plan is not None
 
-        victims = await choose_victims(order, fits)
-        if victims:
+        evicting: list[str] = []  # their sleep was accepted: counted as freed from here on
+
+        async def fits_after(victims: list[str]) -> bool:
+            return await fits(evicting + victims)
+
+        while (victims := await choose_victims(order, fits_after)) is not None:
+            order = [c for c in order if c.model_id not in victims]
+            refusals = len(refused)
             for model_id in victims:
                 rec = next(r for r in resident if r.model_id == model_id)
-                await self._ask("sleep", rec, version=rec.version,
-                                reason=f"evicted to make room for {spec.model_id}")
-            return Room(evicting=victims, waiting_for=victims + draining)
+                asked = await self._ask("sleep", rec, version=rec.version,
+                                        reason=f"evicted to make room for {spec.model_id}")
+                if asked.ok:
+                    evicting.append(model_id)
+                else:  # it changed since it was read (healing, scaling, deleted): search on without it
+                    refused.append(Refusal(model_id=model_id, reason=f"its sleep was refused: {asked.message}"))
+            if len(refused) == refusals or await fits_after([]):
+                return Room(evicting=evicting, waiting_for=evicting + draining)
         if not await fits([c.model_id for c in candidates]):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
         retry = protection_ends(candidates, now, self.settings.min_residency_s, waiting_since)
         holders = "; ".join(f"{r.model_id} ({r.reason})" for r in refused) or "none"
-        return Room(retry_at=retry, status_code=503, blocked=True,
+        return Room(evicting=evicting, retry_at=retry, status_code=503, blocked=True,
                     error=f"no room for {spec.model_id}: the memory it needs is held by models that cannot be "
                           f"put to sleep now: {holders}")

@@ -43,6 +43,7 @@ class ModelStatusResponse(BaseModel):
     sleep_reason: str = ""
     last_request_at: float | None = None  # as last reported when it went to sleep
     last_wake: WakeReport | None = None  # how the last wake went: placement, engine start, warm-up
+    policy_warning: str = ""  # stored before today's settings or code refused its spec: it keeps running until deleted
     revision: str | None = None  # what the source resolved to: the Hub commit, the S3 ETag set ("local" for a folder)
     weight_bytes: int | None = None  # of the source's safetensors files
     phase: str | None = None  # "fetching" while its weights download onto its nodes
@@ -52,6 +53,7 @@ class ModelStatusResponse(BaseModel):
     def of(cls, rec: ModelRecord, fetching: dict[str, FetchProgress] | None = None) -> "ModelStatusResponse":
         weights = rec.plan.weights
         return cls(
+            policy_warning=rec.policy_warning,
             revision=weights.revision if weights else None,
             weight_bytes=weights.weight_bytes if weights else None,
             phase="fetching" if fetching else None,

@@ -57,12 +57,9 @@ def weights_folder(weights: "Manifest | str") -> str:
 
     if isinstance(weights, str):
         return weights
-    if weights.source.kind is SourceKind.LOCAL:
-        if not os.path.isfile(os.path.join(weights.source.location, "config.json")):
-            raise RuntimeError(f"the model folder {weights.source.location} is not on this node "
-                               f"({os.uname().nodename}); mount it on every node engines may run on")
-        return weights.source.location
     cache = NodeCache(get_settings().weights_cache)
+    if weights.source.kind is SourceKind.LOCAL:
+        return str(cache.local_folder(weights))  # raises, naming this node, when it lacks the folder
     if not cache.is_complete(weights):
         raise RuntimeError(f"the weights of {weights.source} at {weights.revision} are not complete in this node's "
                            f"cache ({get_settings().weights_cache}); the hive fetches them before it starts an engine")

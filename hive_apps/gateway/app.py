@@ -22,8 +22,8 @@ from hive_apps.auth import check_api_key, warn_if_open
 from hive_apps.cluster import get_cluster
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
-from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
-from hive_apps.routing.hold import WakeHold, gone_message
+from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
+from hive_apps.routing.hold import WakeHold, client_of, gone_message
 from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, parse_fields, read_forwarded, request_problem, respond_for, too_large
 from hive_apps.settings import get_settings
@@ -39,6 +39,7 @@ class Gateway:
         self._records: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas()
         self._hold = WakeHold(self.settings, entry="gateway")
+        self._new_models = NewModelLookup(self._registry_record)
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
@@ -54,11 +55,9 @@ class Gateway:
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
         return {k: r for k, r in self._records.items() if r.status in LISTED}
 
-    async def _newer_record(self, model_id: str) -> ModelRecord | None:
-        """A model this gateway has not heard of yet may be one whose deploy answered ready a moment
-        before the registry's long-poll reached here: ask the registry once before a 404."""
-        rec = await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
-        return rec if rec is not None and rec.status in LISTED else None
+    @staticmethod
+    async def _registry_record(model_id: str) -> ModelRecord | None:
+        return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
 
     async def __call__(self, request: Request) -> Response:
         response = await self._answer(request)
@@ -95,16 +94,14 @@ class Gateway:
         if problem is not None:
             return openai_error(400, *problem)
         models = await self.listed_models()
-        if fields.model not in models:
-            rec = await self._newer_record(fields.model)
-            if rec is not None:
-                request.state.model = fields.model
-                return await respond_for(rec, self._replicas.of, self._hold, req, fields)
+        rec = models.get(fields.model) or await self._new_models.find(fields.model)
+        if rec is None:
             gone = gone_message(self._records.get(fields.model), fields.model, request_ids.of_headers(req.headers))
             known = ", ".join(models) or "none yet"
             return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).", "model")
         request.state.model = fields.model
-        return await respond_for(models[fields.model], self._replicas.of, self._hold, req, fields)
+        return await respond_for(rec, self._replicas.of, self._hold, req, fields,
+                                 client_of(request.headers.get("authorization")))
 
 
 def build(_: dict | None = None):

@@ -17,7 +17,7 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     note          any                           (same)                  admin: a message, a back-off
     delete        any                           deleting                admin: DELETE /models/{id}
     deleted       deleting                      (removed) | destroyed   admin: its engines stop (the app goes next)
-    sleep         ready | degraded              sleeping                admin: idle past sleep_timeout, or evicted
+    sleep         ready | degraded              sleeping, none retiring admin: idle past sleep_timeout, or evicted
     doze          sleeping (resident)           (same), level 1 or 2    admin: drained; its engines can sleep
     dozed         sleeping (level, resident)    (same), not resident    admin: its engines slept
     parked        sleeping | waking             (same), parked          admin: engines drained and removed
@@ -28,8 +28,10 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
     scale_up      ready                         scaling                 admin: every replica busy for a window
     scale_failed  scaling                       ready                   admin: the added replica did not start
     retire        ready                         (same), one retiring    admin: every replica idle for a window
-    retired       ready (retiring)              (same), one fewer       admin: it drained and its engine is gone
-    node_lost     any                           degraded where serving  registry: a node died
+    retired       ready | degraded (retiring)   one fewer; degraded     admin: it drained and its engine is gone
+                                                only if others are lost
+    node_lost     any                           degraded where serving  registry: a node died (a retiring replica
+                                                                        only waits for ``retired``)
     drift         any                           (same)                  registry: measured vs reserved
 """
 
@@ -108,6 +110,19 @@ class ModelBook:
                             states[dev].dormant_bytes += rp.reservation_bytes
                             states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
         return list(states.values())
+
+    def release_unbooked(self) -> dict[str, str]:
+        """Free the reservations no record accounts for, and say why for each. The KV writes of one
+        change land one by one, so a crash between them can leave a reservation behind a record that
+        already let it go (deleted, failed, parked, a replica lost or retired)."""
+        gone = {}
+        for r in list(self.ledger.reservations.values()):
+            rec = self.records.get(r.model_id)
+            if rec is None or not rec.books(r):
+                self.ledger.release_key(r.key)
+                gone[r.key] = ("no record of its model" if rec is None
+                               else f"its record ({rec.status.value}) does not hold it")
+        return gone
 
     # --- helpers ----------------------------------------------------------------------------
     def _current(self, model_id: str, name: str, version: int | None, allowed: tuple[ModelStatus, ...]) -> ModelRecord:
@@ -280,6 +295,7 @@ class ModelBook:
         if not rec.spec.can_sleep:
             raise TransitionError(f"sleep: {model_id!r} has no sleep_timeout", 422)
         rec.status, rec.sleep_mode, rec.slept_at, rec.sleep_reason = ModelStatus.SLEEPING, None, now, reason
+        rec.retiring = []  # a pending scale-down is moot: it wakes with the replicas it needs then
         rec.last_request_at = last_request_at if last_request_at is not None else rec.last_request_at
         rec.wake_failed_at, rec.message = None, f"going to sleep ({reason}): draining"
         return self._commit(rec)
@@ -309,10 +325,11 @@ class ModelBook:
         if not rec.resident or not rec.sleeps_in_place:
             raise TransitionError(f"dozed: {model_id!r} is not dozing")
         forgotten = self._release_devices(model_id)
+        self.ledger.activate(model_id)  # level 1: its weights are in host RAM now
         rec.resident, rec.drift = False, {}
         rec.message = (f"sleeping ({rec.sleep_mode.value} since {now:.0f}): {rec.sleep_reason}; "
                        "the next request wakes it in place")
-        return self._commit(rec, forgotten=forgotten)
+        return self._commit(rec, saved=self.ledger.of_model(model_id), forgotten=forgotten)
 
     def parked(self, model_id: str, now: float) -> Change:
         """Its engines are gone: release what they held, host RAM included. Idempotent."""
@@ -320,7 +337,7 @@ class ModelBook:
         if not rec.resident and rec.sleep_mode is SleepMode.PARKED:
             return Change(model_id, rec)
         forgotten = [r.key for r in self.ledger.release(model_id)]
-        rec.resident, rec.lost_replicas, rec.healing_replicas, rec.drift = False, {}, [], {}
+        rec.resident, rec.lost_replicas, rec.healing_replicas, rec.retiring, rec.drift = False, {}, [], [], {}
         rec.sleep_mode, rec.wake_placed = SleepMode.PARKED, False
         if rec.status is ModelStatus.SLEEPING:
             rec.message = f"sleeping (parked since {now:.0f}): {rec.sleep_reason}; the next request wakes it"
@@ -432,11 +449,16 @@ class ModelBook:
         return self._commit(rec)
 
     def retired(self, model_id: str, version: int) -> Change:
+        """The retiring replicas are gone from the app: drop them from the plan, lost ones too (their
+        node died while they drained: they were going anyway, so self-healing never brings them back)."""
         rec = self._current(model_id, "retired", version, (ModelStatus.READY, ModelStatus.DEGRADED))
         if not rec.retiring:
             raise TransitionError(f"retired: {model_id!r} retires no replica")
         done = [names.replica_label(i) for i in rec.retiring]
         forgotten = self._without(rec, rec.retiring)
+        for label in done:
+            rec.lost_replicas.pop(label, None)
+        rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.retiring, rec.message = [], f"scaled down: removed {', '.join(done)}"
         return self._commit(rec, forgotten=forgotten)
 
@@ -458,8 +480,9 @@ class ModelBook:
             label = names.replica_label(r.replica)
             rec.lost_replicas[label] = f"node of {', '.join(r.devices)} died"
             rec.healing_replicas = [i for i in rec.healing_replicas if i != r.replica]
-            if rec.status is ModelStatus.READY or (rec.status in (ModelStatus.HEALING, ModelStatus.SCALING)
-                                                   and not rec.healing_replicas):
+            going = r.replica in rec.retiring  # draining to go: ``retired`` drops it from the plan, nothing heals it
+            if not going and (rec.status is ModelStatus.READY or (
+                    rec.status in (ModelStatus.HEALING, ModelStatus.SCALING) and not rec.healing_replicas)):
                 rec.status = ModelStatus.DEGRADED
             if rec.status in SERVING or rec.status is ModelStatus.DEPLOYING:
                 rec.message = f"lost replicas {sorted(rec.lost_replicas)}: their node died; reservations released"
@@ -500,6 +523,8 @@ class ModelBook:
         for rec in self.records.values():  # level-1 sleepers' weights in host RAM
             if rec.status in DORMANT and rec.sleep_mode is SleepMode.LEVEL1:
                 for r in (Reservation.on_host(rec.model_id, rp) for rp in rec.live_replicas):
+                    if not rec.resident:  # dozed: the weights are there (else they may still be moving)
+                        r.state = ReservationState.ACTIVE
                     self.ledger.reservations[r.key] = r
         self.version += 1
         return list(self.ledger.reservations.values())

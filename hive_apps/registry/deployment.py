@@ -74,14 +74,18 @@ class Registry:
         self.ledger = Ledger(self.settings.memory_budget_fraction)
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
         load = self.store.load_all_async
-        self.book = ModelBook(self.ledger, await load(MODEL_KEY, ModelRecord))
+        self.book = ModelBook(self.ledger, await load(MODEL_KEY, ModelRecord.from_stored))
         # Followers long-poll with the last version they saw; a restarted registry starts past any
         # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
         self.book.version = int(time.time() * 1000)
-        for r in await load(RESERVATION_KEY, Reservation):
+        for r in await load(RESERVATION_KEY, Reservation.model_validate_json):
             self.ledger.reservations[r.key] = r
+        await self._release_unbooked()
+        for rec in self.book.records.values():
+            if rec.policy_warning:
+                log.warning("%s: %s", rec.model_id, rec.policy_warning)
         self.start_locks = StartLocks()
-        stored = await load(START_LOCKS_KEY, StartLockState)
+        stored = await load(START_LOCKS_KEY, StartLockState.model_validate_json)
         if stored:
             self.start_locks.held = dict(stored[0].held)
         self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
@@ -176,6 +180,14 @@ class Registry:
             log.warning("released %s: its engine never came up", r.key)
         if gone:
             await self.store.write({}, [RESERVATION_KEY + r.key for r in gone])
+
+    async def _release_unbooked(self) -> None:
+        """Free what no record holds (a change cut off between its KV writes, a quarantined record)."""
+        gone = self.book.release_unbooked()
+        for key, why in gone.items():
+            log.warning("released reservation %s: %s", key, why)
+        if gone:
+            await self.store.write({}, [RESERVATION_KEY + k for k in gone])
 
     async def _release_dead_nodes(self, all_nodes: list[NodeInfo]) -> None:
         """Free what replicas on dead nodes held, and say so in their models' status."""

@@ -4,16 +4,22 @@ Pure state, no Ray: the registry deployment wraps one ``Ledger`` and persists it
 reservations. ``available`` is what the planner may still use on a device:
 
     held      = per reservation, max(reserved, measured by its engine)
+    explained = per reservation, what of the sampled use it accounts for: what its engine measured;
+                without a measurement all of it once the engine is up (a CPU engine, one woken in
+                place), nothing while it is pending (the engine starting, level-1 weights not yet
+                copied to host RAM)
     budget    = floor(budget_fraction x total)
-    foreign   = max(0, used - held by the hive)            # memory no hive engine explains
+    foreign   = max(0, used - explained by the hive), and never less than what the last sample
+                left unexplained (an engine that measured itself since is not in that sample yet)
     available = max(0, budget - held by the hive - foreign)
 
-Reservations count in full from the moment they are made (pending while the engine starts),
-so two deploys racing for one device cannot both fit: ``reserve`` checks and books every
-device of a plan in one step.
+Reservations count in full from the moment they are made, on top of any other use until they
+are explained, so a pending booking never hides behind memory used by others, and two deploys
+racing for one device cannot both fit: ``reserve`` checks and books every device of a plan in
+one step.
 
 A node's host RAM (``<node>:host``) is booked the same way for the weights of replicas asleep
-at level 1: available = budget - max(used, held by the hive there).
+at level 1.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ class DeviceState(BaseModel):
     used_bytes: int
     free_bytes: int
     reserved_bytes: int
-    foreign_bytes: int
+    foreign_bytes: int  # use no reservation explains: other processes, an engine still starting
     available_bytes: int
     replicas: list[str]
     # models asleep (parked) whose last plan put a replica here: what waking them all would need
@@ -70,6 +76,7 @@ class Ledger:
         self.devices: dict[str, Device] = {}
         self.reservations: dict[str, Reservation] = {}
         self.hosts: dict[str, tuple[str, int, int]] = {}  # host id -> (node id, total, used bytes of its RAM)
+        self.sampled_foreign: dict[str, int] = {}  # device or host id -> what its last sample left unexplained
 
     # --- inventory -------------------------------------------------------------------
     def update_node(self, node_id: str, devices: list[Device]) -> None:
@@ -78,9 +85,12 @@ class Ledger:
             del self.devices[dev_id]
         for dev in devices:
             self.devices[dev.id] = dev
+            self.sampled_foreign[dev.id] = self._unexplained(dev.id, self.used_on(dev))
 
     def update_host(self, sample: NodeSample) -> None:
-        self.hosts[host_id(sample.node_name)] = (sample.node_id, sample.host_total_bytes, sample.host_used_bytes)
+        host = host_id(sample.node_name)
+        self.hosts[host] = (sample.node_id, sample.host_total_bytes, sample.host_used_bytes)
+        self.sampled_foreign[host] = self._unexplained(host, sample.host_used_bytes)
 
     def drop_nodes_except(self, alive_node_ids: set[str]) -> None:
         for dev_id in [d for d, dev in self.devices.items() if dev.node_id not in alive_node_ids]:
@@ -92,7 +102,7 @@ class Ledger:
         if host not in self.hosts:
             return 0
         _, total, used = self.hosts[host]
-        return max(0, int(self.budget_fraction * total) - max(used, self.reserved_on(host)))
+        return self._booked(host, total, used)[2]
 
     # --- accounting ------------------------------------------------------------------
     def reserved_on(self, dev_id: str) -> int:
@@ -100,6 +110,17 @@ class Ledger:
 
     def measured_on(self, dev_id: str) -> int:
         return sum(r.measured_bytes or 0 for r in self.reservations.values() if dev_id in r.devices)
+
+    def _unexplained(self, dev_id: str, used: int) -> int:
+        return max(0, used - sum(r.explained_bytes for r in self.reservations.values() if dev_id in r.devices))
+
+    def _booked(self, dev_id: str, total: int, used: int) -> tuple[int, int, int]:
+        """(held by the hive, foreign, available) on a device or a node's host RAM. Foreign is at least
+        what the last sample left unexplained (a measurement made since is not in that sample, so it
+        cannot shrink it) and grows where a reservation went since (its engine may still be stopping)."""
+        reserved = self.reserved_on(dev_id)
+        foreign = max(self.sampled_foreign.get(dev_id, 0), self._unexplained(dev_id, used))
+        return reserved, foreign, max(0, int(self.budget_fraction * total) - reserved - foreign)
 
     def replicas_on(self, dev_id: str) -> list[str]:
         return sorted(r.key for r in self.reservations.values() if dev_id in r.devices)
@@ -110,10 +131,8 @@ class Ledger:
         return self.measured_on(dev.id) if dev.kind is DeviceKind.SIM_GPU else dev.used_bytes
 
     def state_of(self, dev: Device) -> DeviceState:
-        reserved = self.reserved_on(dev.id)
         used = self.used_on(dev)
-        foreign = max(0, used - reserved)
-        budget = int(self.budget_fraction * dev.total_bytes)
+        reserved, foreign, available = self._booked(dev.id, dev.total_bytes, used)
         return DeviceState(
             device=dev,
             total_bytes=dev.total_bytes,
@@ -121,7 +140,7 @@ class Ledger:
             free_bytes=max(0, dev.total_bytes - used),
             reserved_bytes=reserved,
             foreign_bytes=foreign,
-            available_bytes=max(0, budget - reserved - foreign),
+            available_bytes=available,
             replicas=self.replicas_on(dev.id),
         )
 

@@ -6,7 +6,7 @@ import time
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from hive_apps import names
 from hive_apps.planning.types import Plan, ReplicaPlan
@@ -43,6 +43,15 @@ class Reservation(BaseModel):
         return max(self.bytes_per_device, self.measured_bytes or 0)
 
     @property
+    def explained_bytes(self) -> int:
+        """What of its device's sampled use this reservation accounts for: what its engine measured;
+        without a measurement, all of it once the engine is up (or the weights are in host RAM), and
+        nothing while pending, so a booking not yet in use never hides behind other use."""
+        if self.measured_bytes is not None:
+            return self.measured_bytes
+        return self.bytes_per_device if self.state is ReservationState.ACTIVE else 0
+
+    @property
     def drift(self) -> float | None:
         if self.measured_bytes is None or not self.bytes_per_device:
             return None
@@ -55,9 +64,10 @@ class Reservation(BaseModel):
 
     @classmethod
     def on_host(cls, model_id: str, rp: ReplicaPlan) -> "Reservation":
-        """Host RAM for the weights of a replica asleep at level 1 (every rank's, on its node)."""
+        """Host RAM for the weights of a replica asleep at level 1 (every rank's, on its node): pending
+        until the engine slept and the weights are there (``dozed``)."""
         return cls(model_id=model_id, replica=rp.index, devices=[host_id(rp.node_name)], node_id=rp.node_id,
-                   bytes_per_device=rp.memory.weights * len(rp.devices), host=True, state=ReservationState.ACTIVE)
+                   bytes_per_device=rp.memory.weights * len(rp.devices), host=True)
 
     @property
     def key(self) -> str:
@@ -149,6 +159,41 @@ class ModelRecord(BaseModel):
     last_wake: WakeReport | None = None
     woke_at: float | None = None  # when it last became ready after sleeping (minimum residency)
     destroy_reason: str = ""  # set while an idle model is removed; then status is destroyed
+    # why today's policy refuses its stored spec (set when the registry reads it back; never stored)
+    policy_warning: str = Field("", exclude=True)
+
+    @classmethod
+    def from_stored(cls, raw: bytes) -> "ModelRecord":
+        """A record as the registry stored it. Its spec was accepted when it was deployed, so one that
+        today's policy refuses (a narrowed setting, a stricter ModelSpec after an upgrade) keeps running,
+        with the reason in ``policy_warning`` and its message, until an operator deletes it. Raises only
+        when the record does not parse even without the spec's validators."""
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as e:
+            refused = e
+        try:
+            stored = _StoredRecord.model_validate_json(raw)
+        except ValidationError:
+            raise refused from None
+        spec = ModelSpec.model_construct(stored.spec.model_fields_set, **dict(stored.spec))
+        rec = cls.model_construct(stored.model_fields_set, **{**dict(stored), "spec": spec})
+        reasons = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in refused.errors())
+        rec.policy_warning = (f"today's policy refuses its spec ({reasons}); it keeps running as deployed "
+                              f"until DELETE /admin/models/{rec.model_id}")
+        if rec.policy_warning not in rec.message:
+            rec.message = rec.policy_warning + (f"; {rec.message}" if rec.message else "")
+        return rec
+
+    def books(self, r: Reservation) -> bool:
+        """This record accounts for the reservation: a live replica, on the devices its plan gives it, of
+        a model that holds its memory; or a level-1 sleeper's weights in that replica's host RAM."""
+        rp = next((rp for rp in self.live_replicas if rp.index == r.replica), None)
+        if rp is None or self.status in ENDED:
+            return False
+        if r.host:
+            return self.sleep_mode is SleepMode.LEVEL1 and r.devices == [host_id(rp.node_name)]
+        return self.resident and r.devices == rp.devices
 
     @property
     def resident_since(self) -> float:
@@ -167,3 +212,12 @@ class ModelRecord(BaseModel):
     @property
     def holds_memory(self) -> bool:
         return self.resident and self.status in HOLDING
+
+
+# ModelSpec's fields and types without its validators or constraints: how a stored spec that today's
+# policy refuses is still read (``ModelRecord.from_stored``)
+_StoredSpec = create_model(
+    "StoredSpec", __config__=ConfigDict(extra="ignore", protected_namespaces=()),
+    **{name: (f.annotation, Field(default_factory=f.default_factory) if f.default_factory else f.default)
+       for name, f in ModelSpec.model_fields.items()})
+_StoredRecord = create_model("StoredModelRecord", __base__=ModelRecord, spec=(_StoredSpec, ...))

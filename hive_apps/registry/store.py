@@ -3,13 +3,15 @@
 Writes go through one thread in order, so a newer record is never overwritten by an older
 one, and each has a deadline, so the registry's event loop never waits on the GCS.
 A stored value that no longer parses (corrupt, or written by another schema version) is
-moved aside under ``quarantine/`` with a warning instead of stopping the registry.
+moved aside under ``quarantine/`` with a warning instead of stopping the registry; what
+parsing means is the caller's (a model record is read without today's policy validators).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -39,23 +41,22 @@ class StateStore:
         if futures:
             await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
 
-    async def load_all_async(self, prefix: str, model: type[T]) -> list[T]:
+    async def load_all_async(self, prefix: str, parse: Callable[[bytes], T]) -> list[T]:
         """``load_all`` off the event loop, with the store's deadline."""
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self._writer, self.load_all, prefix, model), self.timeout_s * 6)
+        return await asyncio.wait_for(loop.run_in_executor(self._writer, self.load_all, prefix, parse), self.timeout_s * 6)
 
-    def load_all(self, prefix: str, model: type[T]) -> list[T]:
-        """Every stored value under ``prefix`` (blocking)."""
+    def load_all(self, prefix: str, parse: Callable[[bytes], T]) -> list[T]:
+        """Every stored value under ``prefix`` that ``parse`` reads (blocking)."""
         out = []
         for key in self.cluster.kv_keys(self.namespace, prefix):
             raw = self.cluster.kv_get(self.namespace, key)
             if raw is None:
                 continue
             try:
-                out.append(model.model_validate_json(raw))
+                out.append(parse(raw))
             except (ValidationError, ValueError) as e:
-                log.warning("quarantined stored %s: it does not parse as %s (%s)", key, model.__name__,
-                            str(e).splitlines()[0])
+                log.warning("quarantined stored %s: it does not parse (%s)", key, str(e).splitlines()[0])
                 self.cluster.kv_put(self.namespace, QUARANTINE + key, raw)
                 self.cluster.kv_delete(self.namespace, key)
         return out

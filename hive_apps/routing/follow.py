@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from hive_apps import names
 from hive_apps.cluster import get_cluster
 from hive_apps.planning.types import Plan, ReplicaPlan
-from hive_apps.registry.records import ModelRecord
+from hive_apps.registry.records import LISTED, ModelRecord
 from hive_apps.routing.replica_set import ReplicaSet, default_queue_bound
 
 log = logging.getLogger("ray.serve")
@@ -24,6 +26,11 @@ RETRY_S = 0.5
 # The longest a request that reaches a just-started gateway or router waits for the registry's
 # first answer (usually milliseconds): before it, neither can tell which models exist or their state.
 FIRST_VIEW_TIMEOUT_S = 10.0
+# A name the gateway has not heard of costs at most one registry call before its 404, bounded:
+LOOKUP_TIMEOUT_S = 1.0  # the registry answers in milliseconds; a slow one does not hold the client
+MISSING_TTL_S = 2.0  # a name found missing is answered 404 without asking again for this long
+MISSING_MAX = 4096  # names remembered as missing, oldest forgotten first
+LOOKUPS_PER_S = 20.0  # registry lookups per second, all names together (made-up names differ each time)
 
 
 def live_plan(rec: ModelRecord) -> Plan:
@@ -72,6 +79,49 @@ class ModelReplicas:
     def adopt(self, model_id: str, plans: list[ReplicaPlan], replicas: ReplicaSet) -> None:
         """Start from a replica set made elsewhere (a router's, from its bound handles)."""
         self._sets[model_id] = (replica_fingerprint(plans), replicas)
+
+
+class NewModelLookup:
+    """Asks the registry about a model this follower has not heard of: it may be one whose deploy
+    answered ready a moment before the long-poll brought it. Bounded, so a flood of made-up names
+    is not a flood of registry calls: each call times out, a name found missing is not asked about
+    again for a while, and past LOOKUPS_PER_S the answer is the follower's own view (the long-poll
+    brings a new model within milliseconds anyway)."""
+
+    def __init__(self, ask: Callable[[str], Awaitable[ModelRecord | None]], timeout_s: float = LOOKUP_TIMEOUT_S,
+                 missing_ttl_s: float = MISSING_TTL_S, max_missing: int = MISSING_MAX,
+                 per_s: float = LOOKUPS_PER_S):
+        self._ask = ask
+        self.timeout_s, self.missing_ttl_s, self.max_missing, self.per_s = timeout_s, missing_ttl_s, max_missing, per_s
+        self.missing: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time it may be asked about again
+        self._tokens, self._filled_at = per_s, time.monotonic()
+
+    async def find(self, model_id: str) -> ModelRecord | None:
+        """Its record when the registry lists it (serving, or sleeping: a request wakes it), else None."""
+        now = time.monotonic()
+        if self.missing.get(model_id, now) > now or not self._may_ask(now):
+            return None
+        try:
+            rec = await asyncio.wait_for(self._ask(model_id), self.timeout_s)
+        except Exception as e:  # slow or restarting: the long-poll brings the model if it exists
+            log.info("looking up model %.100r in the registry failed: %s", model_id, type(e).__name__)
+            rec = None
+        if rec is not None and rec.status in LISTED:
+            return rec
+        self.missing[model_id] = time.monotonic() + self.missing_ttl_s
+        self.missing.move_to_end(model_id)
+        while len(self.missing) > self.max_missing:
+            self.missing.popitem(last=False)
+        return None
+
+    def _may_ask(self, now: float) -> bool:
+        """A token bucket: ``per_s`` lookups a second, as many at once."""
+        self._tokens = min(self.per_s, self._tokens + (now - self._filled_at) * self.per_s)
+        self._filled_at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 async def follow_registry(on_models: Callable[[list[ModelRecord]], None]) -> None:

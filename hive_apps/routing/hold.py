@@ -3,15 +3,16 @@
 The gateway and each model's router keep one ``WakeHold`` fed with the registry's records
 (``routing/follow.py``). The first request for a sleeping model asks the registry for the
 ``wake`` transition; every request then waits until the record is serving again, bounded
-in number per model (HIVE_HOLD_MAX_PER_MODEL: more get 429) and in time
-(HIVE_HOLD_TIMEOUT_S: then 503). A wake that fails answers every held request with a 503
-that says why. A streaming client gets its response headers at once and an SSE comment
-every HIVE_HOLD_KEEPALIVE_S while it waits.
+in number per model (HIVE_HOLD_MAX_PER_MODEL: more get 429), per client (one API key holds
+at most half of those slots: more get 429) and in time (HIVE_HOLD_TIMEOUT_S: then 503). A
+wake that fails answers every held request with a 503 that says why. A streaming client gets
+its response headers at once and an SSE comment every HIVE_HOLD_KEEPALIVE_S while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import Response, StreamingResponse
 
 from hive_apps import metrics, names
+from hive_apps.auth import bearer_token
 from hive_apps.cluster import get_cluster
 from hive_apps.engine.protocol import ResponseStart
 from hive_apps.openai_errors import openai_error, sse_error
@@ -29,6 +31,19 @@ from hive_apps.settings import HiveSettings
 log = logging.getLogger("ray.serve")
 
 RETRY_AFTER_S = 5
+
+
+def client_slots(model_slots: int) -> int:
+    """The hold slots one client may take of a model's HIVE_HOLD_MAX_PER_MODEL: half (at least
+    one), so one API key cannot fill them all and lock every other client out of the wake."""
+    return max(1, model_slots // 2)
+
+
+def client_of(authorization: str | None) -> str | None:
+    """Who holds, for the per-client share: a digest of the request's API key (the key itself is
+    not kept). None without one (authentication off): then only the model's bound applies."""
+    token = bearer_token(authorization)
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:16] if token else None
 
 
 class HoldRefused(Exception):
@@ -78,6 +93,7 @@ class WakeHold:
         self.entry = entry  # who holds (gateway or router), for hive_held_requests
         self.records: dict[str, ModelRecord] = {}
         self.held: dict[str, int] = {}
+        self.held_by: dict[tuple[str, str], int] = {}  # (model id, client) -> requests held
         self._asked: dict[str, float] = {}  # model id -> when a wake was last asked for
         self._changed = asyncio.Condition()
         self._ask_wake = ask_wake or _ask_registry
@@ -91,13 +107,23 @@ class WakeHold:
         """For synchronous followers: apply the records from the running loop."""
         asyncio.get_running_loop().create_task(self.update(records))
 
-    async def wait(self, model_id: str, request_id: str | None = None) -> ModelRecord:
-        """Hold one request until the model serves; its record then. Raises ``HoldRefused``."""
-        if self.held.get(model_id, 0) >= self.settings.hold_max_per_model:
+    async def wait(self, model_id: str, request_id: str | None = None, client: str | None = None) -> ModelRecord:
+        """Hold one request until the model serves; its record then. Raises ``HoldRefused``.
+        ``client``: who sent it (``client_of``), for the per-client share of the slots."""
+        slots = self.settings.hold_max_per_model
+        if self.held.get(model_id, 0) >= slots:
             metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="hold_full")
-            raise _refusal(429, f"model '{model_id}' is waking and {self.settings.hold_max_per_model} requests already "
+            raise _refusal(429, f"model '{model_id}' is waking and {slots} requests already "
                                 f"wait for it (HIVE_HOLD_MAX_PER_MODEL); retry after {RETRY_AFTER_S}s")
+        mine = (model_id, client) if client is not None else None
+        if mine is not None and self.held_by.get(mine, 0) >= client_slots(slots):
+            metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="client_share")
+            raise _refusal(429, f"model '{model_id}' is waking and {client_slots(slots)} of your requests already wait "
+                                f"for it (one API key holds at most half of HIVE_HOLD_MAX_PER_MODEL={slots}); "
+                                f"retry after {RETRY_AFTER_S}s")
         self.held[model_id] = self.held.get(model_id, 0) + 1
+        if mine is not None:
+            self.held_by[mine] = self.held_by.get(mine, 0) + 1
         self._publish_held()
         try:
             return await asyncio.wait_for(self._until_serving(model_id, time.time(), request_id),
@@ -110,6 +136,10 @@ class WakeHold:
                                 f"(HIVE_HOLD_TIMEOUT_S){where}") from None
         finally:
             self.held[model_id] -= 1
+            if mine is not None:
+                self.held_by[mine] -= 1
+                if not self.held_by[mine]:  # bounded by the requests held now, not by every client seen
+                    del self.held_by[mine]
             self._publish_held()
 
     def _publish_held(self) -> None:
@@ -151,12 +181,12 @@ async def _ask_registry(model_id: str) -> None:
 
 async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
                       then: Callable[[ModelRecord], AsyncIterator[ResponseStart | bytes]],
-                      request_id: str | None = None) -> Response:
+                      request_id: str | None = None, client: str | None = None) -> Response:
     """A streamed answer for a sleeping model: headers now, SSE comments while it wakes, then the
     engine's events (an error event if the wake or the engine fails)."""
 
     async def body() -> AsyncIterator[bytes]:
-        waiting = asyncio.ensure_future(hold.wait(model_id, request_id))
+        waiting = asyncio.ensure_future(hold.wait(model_id, request_id, client))
         try:
             while not waiting.done():
                 done, _ = await asyncio.wait({waiting}, timeout=keepalive_s)

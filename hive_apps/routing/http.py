@@ -105,8 +105,9 @@ async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFie
 
 
 async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], "ReplicaSet"], hold: WakeHold,
-                      req: ForwardedRequest, fields: BodyFields) -> Response:
-    """Answer for a model in any state: served now, held while it wakes, or refused with why."""
+                      req: ForwardedRequest, fields: BodyFields, client: str | None = None) -> Response:
+    """Answer for a model in any state: served now, held while it wakes, or refused with why.
+    ``client``: who sent it (``routing/hold.py`` ``client_of``), for its share of the hold."""
     if rec.status in SERVING:
         return await respond(replicas_of(rec), req, fields)
     request_id = request_ids.of_headers(req.headers)
@@ -115,9 +116,9 @@ async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], "Re
         return openai_error(404, gone or f"The model `{rec.model_id}` is {rec.status.value} and not ready yet.", "model")
     if fields.stream:
         return await held_stream(hold, rec.model_id, hold.settings.hold_keepalive_s,
-                                 lambda woke: replicas_of(woke).stream(req), request_id)
+                                 lambda woke: replicas_of(woke).stream(req), request_id, client)
     try:
-        woke = await hold.wait(rec.model_id, request_id)
+        woke = await hold.wait(rec.model_id, request_id, client)
     except HoldRefused as e:
         return e.response
     return await respond(replicas_of(woke), req, fields)

@@ -25,7 +25,7 @@ from hive_apps.routing.http import (BodyTooLarge, parse_fields, read_forwarded, 
                                     too_large)
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
-from hive_apps.routing.hold import WakeHold
+from hive_apps.routing.hold import WakeHold, client_of
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 
@@ -105,7 +105,8 @@ class Router:
             if self.replicas is None:
                 return openai_error(503, f"model '{self.model_id}' is starting; retry shortly", headers={"retry-after": "1"})
             return await respond(self.replicas, req, fields)
-        return await respond_for(rec, self._sets.of, self._hold, req, fields)
+        return await respond_for(rec, self._sets.of, self._hold, req, fields,
+                                 client_of(request.headers.get("authorization")))
 
 
 def router_deployment():

@@ -129,7 +129,8 @@ def _list_local(source: WeightSource) -> Manifest:
     operator's, not a copy to verify."""
     root = Path(source.location)
     if not root.is_dir():
-        raise SourceError(f"local folder {root} does not exist on node {socket.gethostname()}", 404)
+        # 422 as before sources had kinds: the body names a path this node cannot use
+        raise SourceError(f"local folder {root} does not exist on node {socket.gethostname()}", 422)
 
     def refuse(error: OSError) -> None:
         raise error

@@ -2,7 +2,7 @@
 reconciler without Ray: nodes with simulated GPUs that can die, Serve apps whose engine
 deployments start, fail or hang as a test says, handles that call objects in this process
 (arguments and results copied as Ray would), and an internal KV that outlives a "restarted"
-registry.
+registry (and can lose the writes after a simulated crash).
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ class FakeCluster:
             self.add_node(name, keys)
         self.apps: dict[str, FakeApp] = {}
         self.kv: dict[tuple[str, str], bytes] = {}
+        self.dies_at: str | None = None  # the registry "dies" at the first KV write of a key with this prefix
+        self.died = False  # ... and every write after it is lost, until a test clears both
         self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner())}
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
         self.deleted: list[str] = []
@@ -208,10 +210,17 @@ class FakeCluster:
     def kv_get(self, namespace: str, key: str) -> bytes | None:
         return self.kv.get((namespace, key))
 
+    def _lands(self, key: str) -> None:
+        self.died = self.died or (self.dies_at is not None and key.startswith(self.dies_at))
+        if self.died:
+            raise ConnectionError(f"the registry died before writing {key}")
+
     def kv_put(self, namespace: str, key: str, value: bytes) -> None:
+        self._lands(key)
         self.kv[(namespace, key)] = value
 
     def kv_delete(self, namespace: str, key: str) -> None:
+        self._lands(key)
         self.kv.pop((namespace, key), None)
 
     def kv_keys(self, namespace: str, prefix: str) -> list[str]:

@@ -5,6 +5,8 @@ kills of the admin or the registry between any two of them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from hive_apps.admin.reconciler import POLL_S, Reconciler
 from hive_apps.cluster import AppState, set_cluster
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState
-from hive_apps.settings import HiveSettings
+from hive_apps.settings import HiveSettings, get_settings
 from hive_apps.spec import ModelSpec
 from tests.unit.fake_cluster import FakeCluster
 
@@ -416,3 +418,87 @@ async def test_removing_an_app_waits_until_serve_no_longer_lists_it(hive, monkey
     await hive.registry.transition("delete", "m")
     assert await hive.step("m") is None  # one step: engines, record, app
     assert draining == [0] and hive.cluster.deleted == ["m"]
+
+
+async def test_a_record_todays_policy_refuses_keeps_running_with_a_warning(hive, monkeypatch, tmp_path, caplog):
+    """A narrowed setting (here HIVE_MODEL_ROOT) or a stricter ModelSpec after an upgrade (here a spec
+    field it no longer knows) never deletes a running model: its record is read back as it was
+    deployed, and its status and the log say why today's policy would refuse it."""
+    ns = SETTINGS.state_namespace
+    await hive.deploy("m", gpu="node-a:gpu0")
+    await hive.deploy("old", gpu="node-b:gpu0")
+    for model_id in ("m", "old"):
+        assert (await hive.settle(model_id)).status is ModelStatus.READY
+    stored = json.loads(hive.cluster.kv[(ns, "model/old")])
+    stored["spec"]["a_field_from_before"] = True
+    hive.cluster.kv[(ns, "model/old")] = json.dumps(stored).encode()
+    booked = {**hive.reserved("m"), **hive.reserved("old")}
+    monkeypatch.setenv("HIVE_MODEL_ROOT", str(tmp_path))  # the deployed folder is outside the root now
+    get_settings.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ray.serve"):
+            await hive.start_registry()
+    finally:  # the rest of the suite runs without the root
+        monkeypatch.delenv("HIVE_MODEL_ROOT")
+        get_settings.cache_clear()
+    await hive.sample()
+    m, old = await hive.registry.get_model("m"), await hive.registry.get_model("old")
+    assert m.status is old.status is ModelStatus.READY and m.spec.model == MODEL
+    assert "HIVE_MODEL_ROOT" in m.policy_warning and m.message.startswith(m.policy_warning)
+    assert "a_field_from_before" in old.policy_warning and old.message.startswith(old.policy_warning)
+    assert f"m: {m.policy_warning}" in caplog.text
+    assert {**hive.reserved("m"), **hive.reserved("old")} == booked
+    assert not any(k.startswith("quarantine/") for _, k in hive.cluster.kv)
+    assert await hive.reconciler.sweep(await hive.registry.list_models()) == []
+    assert {"m", "old"} <= set(hive.cluster.apps)
+
+
+async def test_a_record_that_does_not_parse_is_quarantined_with_its_reservations(hive):
+    ns = SETTINGS.state_namespace
+    await hive.deploy("bad", gpu="node-a:gpu0")
+    await hive.settle("bad")
+    hive.cluster.kv[(ns, "model/bad")] = b'{"model_id": "bad", "not": "a record"}'
+    await hive.start_registry()
+    assert await hive.registry.get_model("bad") is None and (ns, "quarantine/model/bad") in hive.cluster.kv
+    assert hive.reserved("bad") == {} and (ns, "reservation/bad/r0") not in hive.cluster.kv
+
+
+@pytest.mark.parametrize("transition", ["deleted", "fail"])
+async def test_reservations_a_crash_left_without_their_record_are_released_at_start(hive, caplog, transition):
+    """One change's KV writes land one by one: a registry that dies after the record's write and before
+    the reservation's leaves a reservation its record already let go (no record, or a failed one)."""
+    ns = SETTINGS.state_namespace
+    await hive.deploy("m", gpu="node-a:gpu0")
+    kwargs = {"reason": "engine start failed"} if transition == "fail" else {}
+    if transition == "deleted":
+        await hive.settle("m")
+        await hive.registry.transition("delete", "m")
+    hive.cluster.dies_at = "reservation/"
+    with pytest.raises(ConnectionError):
+        await hive.registry.transition(transition, "m", version=(await hive.registry.get_model("m")).version, **kwargs)
+    hive.cluster.dies_at, hive.cluster.died = None, False
+    assert (ns, "reservation/m/r0") in hive.cluster.kv
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        await hive.start_registry()
+    assert hive.reserved("m") == {} and (ns, "reservation/m/r0") not in hive.cluster.kv
+    assert "released reservation m/r0" in caplog.text
+    rec = await hive.registry.get_model("m")
+    assert rec is None if transition == "deleted" else rec.status is ModelStatus.FAILED
+
+
+async def test_a_retiring_replica_whose_node_dies_is_not_healed_back(hive):
+    hive.cluster.kill_node("node-a")  # two single-H100 nodes instead, so the replicas land apart
+    hive.cluster.add_node("node-c", "H100-80GB")
+    hive.cluster.add_node("node-d", "H100-80GB")
+    await hive.sample()
+    await hive.deploy("m", replicas=2, max_replicas=2, min_replicas=1)
+    rec = await hive.settle("m")
+    gone = rec.plan.replicas[1]
+    assert rec.status is ModelStatus.READY and rec.plan.replicas[0].node_name != gone.node_name
+    assert (await hive.registry.transition("retire", "m", version=rec.version, index=gone.index)).ok
+    hive.cluster.kill_node(gone.node_name)
+    await hive.sample()
+    rec = await hive.settle("m")
+    assert [rp.index for rp in rec.plan.replicas] == [0] and rec.status is ModelStatus.READY
+    assert rec.lost_replicas == {} and rec.retiring == [] and set(hive.reserved("m")) == {"m/r0"}
+    assert [rp.index for rp in hive.cluster.apps["m"].plan.replicas] == [0]

@@ -165,6 +165,16 @@ async def test_an_engine_that_can_sleep_sleeps_in_place_at_level_1_with_its_weig
     assert rec.engine_start_s == before.engine_start_s  # the engine's own start is still its first one
 
 
+async def test_level_1_weights_in_host_ram_count_once(life):
+    """Booked before they move (on top of what the node uses); once the engine slept they are in the
+    node's sampled use and that booking explains them: never counted twice."""
+    before, _ = await sleepy(life, "m")
+    life.cluster.host_used_bytes += before.plan.replicas[0].memory.weights  # the sleeping engine holds them
+    await life.sample()
+    budget = int(life.registry.ledger.budget_fraction * 64 * 2**30)
+    assert life.registry.ledger.host_available("node-a:host") == budget - life.cluster.host_used_bytes
+
+
 async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_nothing(life):
     life.cluster.host_used_bytes = 60 * 2**30  # of 64: past the 0.90 budget already
     await life.sample()
@@ -447,6 +457,24 @@ async def test_load_adds_a_replica_and_removes_it_when_load_goes(pair):
     assert [rp.index for rp in rec.plan.replicas] == [0] and rec.retiring == [] and rec.status is ModelStatus.READY
     assert set(pair.reserved("m")) == {"m/r0"} and [rp.index for rp in pair.cluster.apps["m"].plan.replicas] == [0]
     assert await pair.lifecycle.tick(await pair.registry.list_models()) == []  # at min_replicas (= replicas)
+
+
+async def test_a_pending_scale_down_does_not_outlive_a_sleep():
+    """A retire the model went to sleep before finishing must not take a replica from the wake: a
+    parked model wakes with min_replicas, and those are what it keeps."""
+    hive = await life_on("H100-80GB.H100-80GB.H100-80GB")
+    try:
+        rec = await ready(hive, "m", replicas=3, min_replicas=2, max_replicas=3, sleep_timeout=5)
+        rec = (await hive.registry.transition("retire", "m", version=rec.version, index=0)).record
+        assert (await hive.registry.transition("sleep", "m", version=rec.version, reason="idle")).ok
+        rec = await hive.settle("m")
+        assert rec.status is ModelStatus.SLEEPING and rec.sleep_mode is SleepMode.PARKED and rec.retiring == []
+        assert (await hive.registry.transition("wake", "m")).ok
+        rec = await hive.settle("m")
+        assert rec.status is ModelStatus.READY and rec.retiring == []
+        assert len(rec.plan.replicas) == 2 and len(hive.reserved("m")) == 2
+    finally:
+        set_cluster(None)
 
 
 async def test_an_added_replica_that_fails_is_dropped_and_freed(pair):

@@ -56,16 +56,17 @@ def memory(rec: Recorder, device: str, kind: str, node: str = "a") -> float | No
 
 def test_device_memory_kinds():
     led = Ledger(budget_fraction=0.9)
-    led.update_node("id-a", [gpu("a", 0, used=30 * GIB), gpu("a", 1)])
+    led.update_node("id-a", [gpu("a", 0), gpu("a", 1)])
     led.reserve([res("m", ["a:gpu0"], 20), res("n", ["a:gpu0"], 5, replica=1)])
-    led.reservations["m/r0"].state = ReservationState.ACTIVE  # n/r1 still starting
+    led.reservations["m/r0"].state = ReservationState.ACTIVE  # n/r1 still starting: it explains no use yet
+    led.update_node("id-a", [gpu("a", 0, used=30 * GIB), gpu("a", 1)])
     states = led.states()
     states[0].dormant_bytes = 7 * GIB  # a sleeping model's last plan put a replica here
     got = {dict(s.tags)["kind"]: s.value for s in metrics.device_samples(states, led.reservations.values())
            if dict(s.tags)["device"] == "a:gpu0"}
     assert got == {"total": 80 * GIB, "used": 30 * GIB, "reserved": 25 * GIB, "resident": 20 * GIB,
-                   "foreign": 5 * GIB, "dormant": 7 * GIB, "free": 50 * GIB,
-                   "available": int(0.9 * 80 * GIB) - 25 * GIB - 5 * GIB}
+                   "foreign": 10 * GIB, "dormant": 7 * GIB, "free": 50 * GIB,
+                   "available": int(0.9 * 80 * GIB) - 25 * GIB - 10 * GIB}
 
 
 def test_a_series_whose_subject_went_away_goes_to_zero(recorded):

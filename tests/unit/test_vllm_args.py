@@ -57,3 +57,17 @@ def test_the_deploy_body_is_refused_with_422_material(monkeypatch):
     with pytest.raises(ValidationError, match="refused: it runs the model repository"):
         ModelSpec(model_id="m", model="x", vllm_kwargs={"trust_remote_code": True})
     ModelSpec(model_id="m", model="x", engine="sim", vllm_kwargs={"sim_tokens_per_s": 100})
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"structured_outputs_config": {"backend": "xgrammar", "reasoning_parser_plugin": "/tmp/evil.py"}},
+     "structured_outputs_config.reasoning_parser_plugin"),
+    ({"reasoning_parser_plugin": "/tmp/evil.py"}, "reasoning_parser_plugin"),
+    ({"mm_processor_kwargs": {"cache_dir": "/etc"}}, "mm_processor_kwargs.cache_dir"),
+    ({"mm_processor_kwargs": {"images_kwargs": {"tokenizer_file": "/etc/passwd"}}},
+     "mm_processor_kwargs.images_kwargs.tokenizer_file"),
+    ({"hf_overrides": {"text_config": {"auto_map": {"AutoModel": "other--m.C"}}}}, "hf_overrides.text_config.auto_map"),
+])
+def test_code_and_path_loading_keys_inside_allowed_arguments_need_the_operator(kwargs, name):
+    assert f"{name} is refused" in problems(kwargs) and f"HIVE_VLLM_KWARGS_ALLOW={name}" in problems(kwargs)
+    assert problems(kwargs, settings=HiveSettings(vllm_kwargs_allow=[name])) == ""

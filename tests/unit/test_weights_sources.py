@@ -270,7 +270,7 @@ def test_local_folder_lists_sizes_and_is_its_own_metadata(tmp_path):
 
 def test_local_folder_missing_or_without_safetensors(tmp_path):
     error = source_error(str(tmp_path / "absent"))
-    assert error.status_code == 404 and str(tmp_path / "absent") in error.message
+    assert error.status_code == 422 and str(tmp_path / "absent") in error.message
     assert socket.gethostname() in error.message
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"\0")
