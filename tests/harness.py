@@ -23,6 +23,7 @@ from hive_apps.serve_env import SERVE_ENV
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "test-admin-token"
 API_KEY = "test-api-key"
+OTHER_API_KEY = "test-api-key-2"  # a second client (per-key shares, e.g. of a sleeping model's hold slots)
 MONITOR_TOKEN = "test-monitor-token"
 
 
@@ -83,7 +84,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
     os.environ.update({
         "RAY_AUTH_MODE": "disabled",
         "HIVE_ADMIN_TOKEN": ADMIN_TOKEN,
-        "HIVE_API_KEYS": API_KEY,
+        "HIVE_API_KEYS": f"{API_KEY},{OTHER_API_KEY}",
         "HIVE_MONITOR_TOKEN": MONITOR_TOKEN,
         "HIVE_MONITOR_INTERVAL_S": "0.5",
         "HIVE_DEPLOY_TIMEOUT_S": "600",
