@@ -23,8 +23,9 @@ from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import (BodyTooLarge, parse_fields, read_forwarded, request_problem, respond, respond_for,
                                     too_large)
-from hive_apps.registry.records import LISTED, SERVING, ModelRecord
-from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, follow_registry, model_object
+from hive_apps.cluster import get_cluster
+from hive_apps.registry.records import LISTED, SERVING, ModelRecord, ModelStatus
+from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, client_of
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
@@ -45,7 +46,22 @@ class Router:
             self._sets.adopt(model_id, replicas, first)
         self._hold = WakeHold(self.settings)
         self._first_view = asyncio.Event()  # the registry's first answer came
+        self._newer = NewModelLookup(self._registry_record)
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
+
+    @staticmethod
+    async def _registry_record(model_id: str) -> ModelRecord | None:
+        return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
+
+    async def _current(self) -> ModelRecord | None:
+        """The model's record as this router follows it; while that still says deploying, asked of the
+        registry once (bounded): the deploy may have answered ready a moment before the long-poll came
+        here, and the client's next request is already on its way (seen in the cluster tier: a chat on
+        /<id>/v1 right after one on /v1 got "deploying and not ready yet")."""
+        rec = self.record
+        if rec is not None and rec.status is ModelStatus.DEPLOYING:
+            return await self._newer.find(self.model_id) or rec
+        return rec
 
     def _on_models(self, records: list[ModelRecord]) -> None:
         self._first_view.set()
@@ -100,7 +116,7 @@ class Router:
             problem = await request_problem(path, req, fields, self.settings.media_hosts)
             if problem is not None:
                 return openai_error(400, *problem)
-        rec = self.record
+        rec = await self._current()
         if rec is None:  # the first view of the registry has not come yet: the engines it was built with
             if self.replicas is None:
                 return openai_error(503, f"model '{self.model_id}' is starting; retry shortly", headers={"retry-after": "1"})

@@ -68,3 +68,49 @@ async def test_a_router_that_just_started_waits_for_its_models_record(monkeypatc
         await asyncio.sleep(0)
     finally:
         set_cluster(None)
+
+
+async def test_a_router_whose_view_still_says_deploying_asks_the_registry(monkeypatch):
+    """The deploy answered ready and the gateway served, but this router's long-poll had not brought
+    the change yet: it answered 404 "deploying and not ready yet" (seen in the cluster tier, a chat on
+    /<id>/v1 right after one on /v1). It now asks the registry once and serves."""
+    import httpx
+    from starlette.requests import Request
+
+    from starlette.responses import Response
+
+    from hive_apps.registry.records import ModelStatus
+    from hive_apps.routing import router as router_module
+    from tests.unit.test_controller import SETTINGS
+
+    h = Hive(FakeCluster({"node-a": "H100-80GB"}))
+    try:
+        await h.start_registry()
+        await h.sample()
+        deploying = await h.deploy("m")
+        rec = await h.settle("m")
+        assert rec.status is ModelStatus.READY
+        monkeypatch.setattr(router_module, "get_settings", lambda: SETTINGS)
+        router = router_module.Router("m", [h.cluster.engine_handle("m", 0)], rec.plan.replicas, 8)
+        router._follower.cancel()
+        router._on_models([deploying])  # its long-poll is one change behind
+
+        async def app(scope, receive, send):
+            await (await router._answer(Request(scope, receive)))(scope, receive, send)
+
+        answered_for = []
+
+        async def respond_for(rec, *_):
+            answered_for.append(rec.status)
+            return Response(status_code=200)
+
+        monkeypatch.setattr(router_module, "respond_for", respond_for)
+        body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
+            await client.post("/v1/chat/completions", json=body)
+        assert answered_for == [ModelStatus.READY]  # served as the registry has it, not as the stale view
+        if router.replicas is not None:
+            router.replicas.close()
+        await asyncio.sleep(0)
+    finally:
+        set_cluster(None)
