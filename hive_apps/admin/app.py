@@ -26,7 +26,7 @@ from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse, error_responses
-from hive_apps.admin.weights import NodeCaches, PrefetchRequest
+from hive_apps.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
 from hive_apps.auth import warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
@@ -43,7 +43,6 @@ WATCH_S = 30.0  # longest single long-poll of the registry
 SWEEP_S = 30.0  # how often apps that no record explains are looked for
 DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
 FAILED_CLEANUP_WAIT_S = 60.0
-CALL_TIMEOUT_S = 30.0  # listing a source for a pre-fetch
 
 
 class AdminError(Exception):
@@ -290,10 +289,8 @@ class Admin(ControlPlane):
     @app.get("/nodes", responses=error_responses(401))
     async def nodes(self):
         """Every node's host RAM (CPU engines live there), the devices on it and its weight-cache disk."""
-        caches = await self.caches.listing(await self.reconciler.weights_in_use())
-        return {"nodes": [{**s.model_dump(mode="json"),
-                           "weights_disk": caches[s.node_name].disk.model_dump() if s.node_name in caches
-                           and caches[s.node_name].disk else None}
+        disks = await self.caches.disks()
+        return {"nodes": [{**s.model_dump(mode="json"), "weights_disk": disks.get(s.node_name)}
                           for s in await self.registry.node_states.remote()]}
 
     # --- weights on nodes ---------------------------------------------------------------

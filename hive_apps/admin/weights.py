@@ -94,6 +94,18 @@ class NodeCaches:
         answers = await asyncio.gather(*(one(n) for n in nodes.values()))
         return dict(zip(nodes, answers))
 
+    async def disks(self) -> dict[str, dict | None]:
+        """Node name -> its cache disk (``GET /admin/nodes``), None where the node did not answer."""
+        nodes = await self.alive()
+
+        async def one(node: NodeInfo) -> dict | None:
+            try:
+                return (await self._call(node.node_id, "disk")).model_dump()
+            except Exception:  # a node whose fetcher cannot start (e.g. going away) shows no disk
+                return None
+
+        return dict(zip(nodes, await asyncio.gather(*(one(n) for n in nodes.values()))))
+
     async def remove(self, key: str, node_ids: list[str], in_use: set[str]) -> list[str]:
         """Remove one cached revision from these nodes; the node names it was removed from."""
         names = {n.node_id: name for name, n in (await self.alive()).items()}

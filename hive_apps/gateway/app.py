@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse, Response
 
 from hive_apps import metrics, names, request_ids
 from hive_apps.auth import check_api_key, warn_if_open
-from hive_apps.cluster import get_cluster
 from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
@@ -39,7 +38,7 @@ class Gateway:
         self._records: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas()
         self._hold = WakeHold(self.settings, entry="gateway")
-        self._new_models = NewModelLookup(self._registry_record)
+        self._new_models = NewModelLookup()
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
 
@@ -54,10 +53,6 @@ class Gateway:
         if not self._seen.is_set():
             await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
         return {k: r for k, r in self._records.items() if r.status in LISTED}
-
-    @staticmethod
-    async def _registry_record(model_id: str) -> ModelRecord | None:
-        return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
 
     async def __call__(self, request: Request) -> Response:
         response = await self._answer(request)

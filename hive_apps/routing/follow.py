@@ -81,6 +81,11 @@ class ModelReplicas:
         self._sets[model_id] = (replica_fingerprint(plans), replicas)
 
 
+async def registry_record(model_id: str) -> ModelRecord | None:
+    """One model's record as the registry has it now (not as the long-poll last brought it)."""
+    return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
+
+
 class NewModelLookup:
     """Asks the registry about a model this follower has not heard of: it may be one whose deploy
     answered ready a moment before the long-poll brought it. Bounded, so a flood of made-up names
@@ -88,10 +93,11 @@ class NewModelLookup:
     again for a while, and past LOOKUPS_PER_S the answer is the follower's own view (the long-poll
     brings a new model within milliseconds anyway)."""
 
-    def __init__(self, ask: Callable[[str], Awaitable[ModelRecord | None]], timeout_s: float = LOOKUP_TIMEOUT_S,
+    def __init__(self, ask: Callable[[str], Awaitable[ModelRecord | None]] | None = None,
+                 timeout_s: float = LOOKUP_TIMEOUT_S,
                  missing_ttl_s: float = MISSING_TTL_S, max_missing: int = MISSING_MAX,
                  per_s: float = LOOKUPS_PER_S):
-        self._ask = ask
+        self._ask = ask or registry_record
         self.timeout_s, self.missing_ttl_s, self.max_missing, self.per_s = timeout_s, missing_ttl_s, max_missing, per_s
         self.missing: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time it may be asked about again
         self._tokens, self._filled_at = per_s, time.monotonic()

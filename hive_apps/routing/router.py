@@ -23,7 +23,6 @@ from hive_apps.planning.types import ReplicaPlan
 from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import (BodyTooLarge, parse_fields, read_forwarded, request_problem, respond, respond_for,
                                     too_large)
-from hive_apps.cluster import get_cluster
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord, ModelStatus
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, client_of
@@ -46,12 +45,8 @@ class Router:
             self._sets.adopt(model_id, replicas, first)
         self._hold = WakeHold(self.settings)
         self._first_view = asyncio.Event()  # the registry's first answer came
-        self._newer = NewModelLookup(self._registry_record)
+        self._newer = NewModelLookup()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
-
-    @staticmethod
-    async def _registry_record(model_id: str) -> ModelRecord | None:
-        return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
 
     async def _current(self) -> ModelRecord | None:
         """The model's record as this router follows it; while that still says deploying, asked of the
