@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hive_apps.metrics import TokenCount
 from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
+from hive_apps.engine.start_lock import device_lock
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
 
@@ -132,6 +133,7 @@ class EngineBase:
     def __init__(self) -> None:
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
+        self.use_start_lock = True  # sleeps and wakes take the devices' start lock (engine/start_lock.py)
         self.answer: Any = None  # the first warm-up's greedy answer: every wake must give it again
         self.last_answer: Any = None
         self.in_flight = 0
@@ -231,6 +233,13 @@ class EngineBase:
     async def _wake_up(self) -> None:
         raise NotImplementedError
 
+    def _in_place(self, what: str) -> contextlib.AbstractAsyncContextManager:
+        """A sleep or wake frees or takes memory on the replica's devices: it waits for a neighbour's
+        start there to settle, and a start waits for it (the start's NVML delta must be its own)."""
+        if not self.use_start_lock or not self.replica.device_kind.is_gpu:
+            return contextlib.nullcontext()
+        return device_lock(self.model_id, self.replica, what)
+
     async def sleep(self, level: int) -> float:
         """Free the device memory (level 1: weights to host RAM; level 2: weights discarded).
         The admin drained the replica first. Idempotent. Seconds it took."""
@@ -239,7 +248,8 @@ class EngineBase:
         t0 = time.perf_counter()
         async with self._sleep_lock:
             if not self.sleep_level:
-                await self._sleep(level)
+                async with self._in_place("sleep"):
+                    await self._sleep(level)
                 self.sleep_level = level
         return time.perf_counter() - t0
 
@@ -249,7 +259,8 @@ class EngineBase:
         async with self._sleep_lock:
             t0 = time.perf_counter()
             if self.sleep_level:
-                await self._wake_up()
+                async with self._in_place("wake"):
+                    await self._wake_up()
                 self.sleep_level = 0
             wake_s = time.perf_counter() - t0
             warm_up_s = await self.warm_up()

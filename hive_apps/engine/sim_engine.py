@@ -111,6 +111,7 @@ class SimEngine(EngineBase):
     async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan, use_start_lock: bool = True):
         super().__init__()
         self.model_id, self.replica = model_id, replica
+        self.use_start_lock = use_start_lock
         self.weights_path = weights_folder(weights)  # like a real engine: the weights must be on this node
         kw = replica.engine_kwargs
         if use_start_lock:

@@ -1,7 +1,9 @@
-"""Hold the registry's start lock of a replica's devices while its engine starts.
+"""Hold the registry's start lock of a replica's devices while its engine starts, sleeps or wakes.
 
 On a real GPU the lock is kept until NVML shows the new engine's memory, so the next
-engine's device-wide profile sees a settled device (``registry/locks.py`` says why).
+engine's device-wide profile sees a settled device (``registry/locks.py`` says why). A sleep or
+wake in place frees or takes back gigabytes on the same devices, so it takes the lock too: a
+starting neighbour's NVML delta (its measured footprint, its profile) never absorbs it.
 """
 
 from __future__ import annotations
@@ -31,17 +33,34 @@ class StartReport:
     measured_bytes: int | None = None
 
 
+async def _acquire(registry, devices: list[str], holder: str) -> None:
+    waited = time.monotonic()
+    while not await registry.acquire_start_lock.remote(devices, holder, get_settings().deploy_timeout_s):
+        await asyncio.sleep(POLL_S)
+    waited = time.monotonic() - waited
+    if waited > POLL_S:
+        log.info("%s waited %.1fs for the start lock of %s", holder, waited, devices)
+
+
+@asynccontextmanager
+async def device_lock(model_id: str, replica: ReplicaPlan, what: str):
+    """The start lock for an in-place ``what`` (sleep, wake) of a running replica: no NVML wait,
+    vLLM's sleep and wake return once the memory is freed or taken. Its own holder name, so its
+    release never frees a start's lock."""
+    registry = get_cluster().app_handle(names.REGISTRY_APP)
+    holder = f"{names.replica_key(model_id, replica.index)}/{what}"
+    await _acquire(registry, replica.devices, holder)
+    try:
+        yield
+    finally:
+        await registry.release_start_lock.remote(holder)
+
+
 @asynccontextmanager
 async def start_lock(model_id: str, replica: ReplicaPlan):
     registry = get_cluster().app_handle(names.REGISTRY_APP)
     holder = names.replica_key(model_id, replica.index)
-    lease = get_settings().deploy_timeout_s
-    waited = time.monotonic()
-    while not await registry.acquire_start_lock.remote(replica.devices, holder, lease):
-        await asyncio.sleep(POLL_S)
-    waited = time.monotonic() - waited
-    if waited > POLL_S:
-        log.info("%s waited %.1fs for the start lock of %s", holder, waited, replica.devices)
+    await _acquire(registry, replica.devices, holder)
     gpu = replica.device_kind is DeviceKind.GPU
     before = nvml_used_bytes(replica.device_indices) if gpu else []
     report = StartReport()
