@@ -16,6 +16,10 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 
 def openai_error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    """Every 503 says when to come back (``Retry-After: 1`` unless the caller knows better): the
+    OpenAI SDKs and proxies retry on it instead of failing the request."""
+    if status == 503 and not any(k.lower() == "retry-after" for k in headers or {}):
+        headers = {**(headers or {}), "retry-after": "1"}
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 

@@ -194,7 +194,7 @@ class ReplicaSet:
         msg = f"no replica of model '{self.model_id}' could take the request"
         if last_error is not None:
             msg += f" (last error: {type(last_error).__name__})"
-        return ResponseStart(status=503, headers=[JSON]), openai_error(503, msg).body
+        return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), openai_error(503, msg).body
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise

@@ -117,3 +117,36 @@ async def test_held_requests_learn_the_wake_failed_or_timed_out_but_not_why():
     with pytest.raises(HoldRefused) as late:
         await hold.wait("m", "rid-44")
     assert late.value.response.status_code == 503 and "did not wake" in client_message(late.value.response)
+
+
+async def test_every_503_the_hive_makes_says_when_to_retry():
+    """OpenAI SDKs and proxies retry a 503 that carries Retry-After; one without it fails the request."""
+    import asyncio
+
+    from hive_apps.engine.protocol import ForwardedRequest
+    from hive_apps.openai_errors import openai_error
+    from hive_apps.routing.replica_set import ReplicaSet
+
+    from .helpers import replica_plan
+
+    assert openai_error(503, "down").headers["retry-after"] == "1"
+    assert openai_error(503, "down", headers={"Retry-After": "7"}).headers["retry-after"] == "7"
+    assert "retry-after" not in openai_error(400, "bad").headers
+
+    class Gone:
+        def remote(self, *_):
+            async def fail():
+                raise ConnectionError("replica gone")
+            return fail()
+
+    class DeadHandle:
+        load = endpoint = forward_unary = forward = Gone()
+
+        def options(self, **_):
+            return self
+
+    rs = ReplicaSet("m", {0: DeadHandle()}, [replica_plan()], queue_bound=4)
+    start, _ = await rs.call(ForwardedRequest(path="/v1/chat/completions", body=b"{}"), None)
+    assert start.status == 503 and dict(start.headers)["retry-after"] == "1"
+    rs.close()
+    await asyncio.sleep(0)
