@@ -2,18 +2,24 @@
 
 For the Kubernetes DaemonSet (or any host where a process outside Ray should report):
 
-    HIVE_MONITOR_TOKEN=... python -m hive_apps.monitor --registry-url http://HEAD:8000
-    python -m hive_apps.monitor --registry-url http://HEAD:8000 --token-file /etc/ray-hive/monitor-token
+    python -m hive_apps.monitor --registry-url http://HEAD:8000 --node-name NODE --token-file /etc/ray-hive/monitor/token
+    HIVE_MONITOR_TOKEN=<NODE's token> python -m hive_apps.monitor --registry-url http://HEAD:8000 --node-name NODE
 
-The token is read from ``--token-file`` (re-read before every push, so a rotated Kubernetes
-Secret applies without a restart), else ``--token``, else ``HIVE_MONITOR_TOKEN``. Prefer the
-file or the variable: a token on the command line is visible to every process on the host. Today the
-registry's samples endpoint takes the admin token; give the agent that value until the hive
-accepts a separate monitor token.
+Each node's agent pushes with that node's own monitor token, which the hive derives from its
+secret HIVE_MONITOR_TOKEN and accepts only for samples of that node (the secret itself is
+refused). Issue one per node, where HIVE_MONITOR_TOKEN holds the hive's secret:
+
+    python -m hive_apps.monitor issue-token --node-name NODE
+
+or with the admin token: POST /admin/monitor-tokens {"node_name": "NODE"}. The token is read
+from ``--token-file`` (re-read before every push, so a replaced file applies without a restart),
+else ``--token``, else HIVE_MONITOR_TOKEN. Prefer the file or the variable: a token on the
+command line is visible to every process on the host.
 
 ``--node-name`` must match the ``ray-hive/node`` label of the Ray node on this host (the
 default is the host name). A fresh pushed reading takes precedence over the in-Ray monitor's
-for that node; when the agent stops, the in-Ray monitor takes over again.
+for that node's GPUs if it lists the same devices (kind, index, memory, name) as the in-Ray
+monitor; when the agent stops, the in-Ray monitor takes over again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 
 import httpx
 
+from hive_apps.auth import node_monitor_token
 from hive_apps.registry.monitor import NODE_NAME_LABEL, SIM_GPUS_LABEL, sample_node
 
 log = logging.getLogger("hive_apps.monitor")
@@ -56,7 +63,7 @@ def read_token(token: str | None, token_file: str | None, environ: dict[str, str
         except OSError as e:
             raise TokenError(f"cannot read --token-file {token_file}: {e.strerror}") from None
         if not text:
-            raise TokenError(f"--token-file {token_file} is empty: put the monitor token in it")
+            raise TokenError(f"--token-file {token_file} is empty: put this node's monitor token in it")
         return text
     if token:
         return token
@@ -67,9 +74,11 @@ def read_token(token: str | None, token_file: str | None, environ: dict[str, str
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m hive_apps.monitor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 usage="%(prog)s --registry-url URL [options]\n       %(prog)s issue-token --node-name NODE")
     ap.add_argument("--registry-url", required=True, help="the hive's HTTP address, e.g. http://ray-head:8000")
-    ap.add_argument("--token-file", default=None, help="a file holding the token (e.g. a mounted Secret); re-read before each push")
+    ap.add_argument("--token-file", default=None, help="a file holding this node's token (e.g. /etc/ray-hive/monitor/token); re-read before each push")
     ap.add_argument("--token", default=None, help=f"the token itself (prefer {TOKEN_ENV} or --token-file: argv is visible to others)")
     ap.add_argument("--node-name", default=socket.gethostname())
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
@@ -78,7 +87,30 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+ISSUE_TOKEN = "issue-token"
+
+
+def issue_token(argv: list[str], environ: dict[str, str] | None = None) -> int:
+    """Print one node's monitor token, derived from the hive's secret in HIVE_MONITOR_TOKEN."""
+    ap = argparse.ArgumentParser(prog=f"python -m hive_apps.monitor {ISSUE_TOKEN}",
+                                 description=f"Print the monitor token of one node, derived from the hive's secret in "
+                                             f"{TOKEN_ENV}: give it to that node's agent only.")
+    ap.add_argument("--node-name", required=True, help="the node's ray-hive/node label (Kubernetes: the node name)")
+    args = ap.parse_args(argv)
+    secret = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+    if not secret:
+        ap.error(f"set {TOKEN_ENV} to the hive's secret (the Ray nodes' {TOKEN_ENV})")
+    try:
+        print(node_monitor_token(secret, args.node_name))
+    except ValueError as e:
+        ap.error(str(e))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [ISSUE_TOKEN]:
+        return issue_token(argv[1:])
     ap = parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -37,7 +37,7 @@ class HiveSettings(BaseSettings):
     admin_token: str | None = Field(None, description="Bearer token for /admin (required unless auth is disabled).")
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated API keys for /v1 and /<model_id>/v1.")
     api_keys_file: Path | None = Field(None, description="A file with one API key per line, re-read when it changes.")
-    monitor_token: str | None = Field(None, description="Bearer token of the monitor agents, accepted only on POST /admin/registry/samples.")
+    monitor_token: str | None = Field(None, description="Secret the per-node monitor-agent tokens derive from (python -m hive_apps.monitor issue-token, POST /admin/monitor-tokens); never a bearer itself.")
     auth_disabled: bool = Field(False, description="Allow requests where no token/key is configured (logs a warning).")
     memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the planner may use.")
     monitor_interval_s: float = Field(1.0, gt=0, description="Seconds between device samples of every node.")

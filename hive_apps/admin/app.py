@@ -25,9 +25,9 @@ from hive_apps.admin import status_page
 from hive_apps.admin.guard import AdminGuard
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import Reconciler
-from hive_apps.admin.schemas import ModelStatusResponse, error_responses
+from hive_apps.admin.schemas import ModelStatusResponse, MonitorToken, MonitorTokenRequest, error_responses
 from hive_apps.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
-from hive_apps.auth import warn_if_open
+from hive_apps.auth import monitor_token_node, node_monitor_token, warn_if_open
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
@@ -342,13 +342,28 @@ class Admin(ControlPlane):
             raise AdminError(404, f"no node holds {key}; GET /admin/weights lists what is cached", "key")
         return {"removed": key, "nodes": removed}
 
-    @app.post("/registry/samples", responses=error_responses(400, 401, 404, 413, 422))
-    async def push_sample(self, sample: NodeSample):
-        """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading."""
+    @app.post("/registry/samples", responses=error_responses(400, 401, 403, 404, 413, 422))
+    async def push_sample(self, sample: NodeSample, request: Request):
+        """Where ``python -m hive_apps.monitor`` (the Kubernetes DaemonSet agent) pushes each reading,
+        with its node's monitor token (or the admin token)."""
+        node = monitor_token_node(self.settings, request.headers.get("authorization"))
+        if node is not None and node != sample.node_name:
+            raise AdminError(403, f"this monitor token speaks for node {node!r}, not {sample.node_name!r}: "
+                                  "each node's agent pushes with its own node's token", "node_name")
         result = await self.registry.push_sample.remote(sample)
         if not result.ok:
             raise AdminError(result.status_code, result.message, "node_name" if result.status_code == 404 else "devices")
         return {"accepted": sample.node_name, "devices": len(sample.devices)}
+
+    @app.post("/monitor-tokens", response_model=MonitorToken, responses=error_responses(400, 401, 409, 413, 422))
+    async def issue_monitor_token(self, body: MonitorTokenRequest):
+        """The monitor token of one node (derived from ``HIVE_MONITOR_TOKEN``): give it to that node's
+        agent only; it pushes samples of that node and opens nothing else."""
+        if not self.settings.monitor_token:
+            raise AdminError(409, "no HIVE_MONITOR_TOKEN is set on the hive: set that secret on every Ray node, "
+                                  "then issue node tokens from it")
+        token = MonitorToken(node_name=body.node_name, token=node_monitor_token(self.settings.monitor_token, body.node_name))
+        return JSONResponse(token.model_dump(), headers={"cache-control": "no-store"})
 
     @app.post("/registry/reset", responses=error_responses(401))
     async def reset_registry(self):

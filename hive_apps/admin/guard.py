@@ -16,7 +16,7 @@ from hive_apps.settings import HiveSettings
 
 # describe the API or hold no state; "/" is the status page's shell, whose script asks for the token
 OPEN_PATHS = {"/", "/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect"}
-SAMPLES_PATH = "/registry/samples"  # the monitor agent's own token is accepted here (and only here)
+SAMPLES_PATH = "/registry/samples"  # a per-node monitor token is accepted here (and only here)
 MAX_BODY_BYTES = 1 * 2**20
 
 
@@ -80,7 +80,11 @@ class AdminGuard:
         if path in OPEN_PATHS:
             return None
         settings = self.settings()
-        if path == SAMPLES_PATH and check_monitor_token(settings, authorization) is None:
-            return None
         reason = check_admin_token(settings, authorization)
+        if path == SAMPLES_PATH and reason is not None:
+            # the endpoint then refuses a sample for any node but the token's own (403)
+            monitor = check_monitor_token(settings, authorization)
+            if monitor is None:
+                return None
+            reason = monitor if settings.monitor_token else reason
         return (401, reason) if reason else None

@@ -1,10 +1,11 @@
-"""Response bodies of the admin API."""
+"""Response bodies of the admin API (and the monitor-token request)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 
 from hive_apps import names
+from hive_apps.auth import valid_node_name
 
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
 from hive_apps.registry.records import ModelRecord, ModelStatus, SleepMode, WakeReport
@@ -86,6 +87,27 @@ class ModelStatusResponse(BaseModel):
             last_request_at=rec.last_request_at,
             last_wake=rec.last_wake,
         )
+
+
+class MonitorTokenRequest(BaseModel):
+    """``POST /admin/monitor-tokens``: the node whose agent the token is for."""
+
+    node_name: str = Field(description="The node's ray-hive/node label (on Kubernetes: the node's name).")
+
+    @field_validator("node_name")
+    @classmethod
+    def _label_value(cls, v: str) -> str:
+        if not valid_node_name(v):
+            raise ValueError("must be a node name as in the ray-hive/node label: at most 63 letters, digits, "
+                             "'-', '_' or '.', beginning and ending with a letter or digit")
+        return v
+
+
+class MonitorToken(BaseModel):
+    """A monitor token: good only for pushing samples of ``node_name``."""
+
+    node_name: str
+    token: str
 
 
 class ErrorBody(BaseModel):

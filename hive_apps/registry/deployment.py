@@ -25,7 +25,7 @@ from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
 from hive_apps import metrics
 from hive_apps.registry.records import ModelRecord, Reservation
-from hive_apps.registry.samples import sample_problems
+from hive_apps.registry.samples import node_problems, sample_problems
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import HiveSettings, get_settings
 
@@ -89,6 +89,10 @@ class Registry:
         if stored:
             self.start_locks.held = dict(stored[0].held)
         self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
+        # Ray node id -> the latest sample of the node's own Ray monitor, and its Ray labels: what
+        # a pushed sample is checked against (never a pushed one, so no lie builds on another)
+        self.in_ray: dict[str, NodeSample] = {}
+        self.labels: dict[str, dict[str, str]] = {}
         self.pushed: dict[str, NodeSample] = {}  # node name -> latest sample from a standalone agent
         self.sampled = asyncio.Event()
         self.changed = asyncio.Condition()
@@ -128,16 +132,20 @@ class Registry:
         all_nodes: list[NodeInfo] = await off_loop(self.cluster.nodes, timeout=SAMPLE_TIMEOUT_S)
         alive = {n.node_id for n in all_nodes if n.alive}
         samples = await off_loop(self.cluster.sample_nodes, all_nodes, timeout=SAMPLE_TIMEOUT_S)
+        self.labels = {n.node_id: n.labels for n in all_nodes if n.alive}
         for node_id, sample in samples.items():
             if isinstance(sample, Exception):
                 log.warning("monitor on node %s failed: %s", node_id[:8], sample)
                 continue
+            self.in_ray[node_id] = sample
             sample = self._prefer_agent(node_id, sample)
             self.nodes[node_id] = sample
             self.ledger.update_node(node_id, sample.devices)
             self.ledger.update_host(sample)
         for node_id in [n for n in self.nodes if n not in alive]:
             del self.nodes[node_id]
+        for node_id in [n for n in self.in_ray if n not in alive]:
+            del self.in_ray[node_id]
         self.ledger.drop_nodes_except(alive)
         await self._release_dead_nodes(all_nodes)
         await self._expire_pending()
@@ -149,24 +157,33 @@ class Registry:
         metrics.publish_registry(await self.device_states(), list(self.ledger.reservations.values()), self.book.list())
 
     def _prefer_agent(self, node_id: str, sample: NodeSample) -> NodeSample:
-        """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's."""
+        """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's for
+        its GPUs; host RAM (and a CPU node's CPU device) stay the Ray monitor's: the agent's
+        container is not where the node's engines and sleepers live."""
         pushed = self.pushed.get(sample.node_name)
         ttl = max(5.0, 3 * self.settings.monitor_interval_s)
         if pushed is None or time.time() - pushed.sampled_at > ttl:
             return sample
-        devices = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices]
-        return pushed.model_copy(update={"node_id": node_id, "devices": devices})
+        gpus = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices if d.kind.is_gpu]
+        devices = gpus + [d for d in sample.devices if not d.kind.is_gpu]
+        return sample.model_copy(update={"devices": devices, "error": pushed.error, "source": pushed.source,
+                                         "sampled_at": pushed.sampled_at})
 
     async def push_sample(self, sample: NodeSample) -> Outcome:
-        """Accept a sample from ``python -m hive_apps.monitor`` for a node Ray knows by that name."""
+        """Accept a sample from ``python -m hive_apps.monitor`` for a node Ray knows by that name,
+        if it agrees with what that node's own Ray monitor reports (``registry/samples.py``)."""
         problems = sample_problems(sample)
         if problems:
             return Outcome(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
-        if sample.node_name not in {s.node_name for s in self.nodes.values()}:
-            known = ", ".join(sorted(s.node_name for s in self.nodes.values()))
+        node_id = next((i for i, s in self.in_ray.items() if s.node_name == sample.node_name), None)
+        if node_id is None:
+            known = ", ".join(sorted(s.node_name for s in self.in_ray.values()))
             return Outcome(ok=False, status_code=404, message=(
                 f"no alive Ray node is named {sample.node_name!r} (known: {known}); start the Ray node with "
                 f"the label ray-hive/node={sample.node_name} or pass that name to the agent's --node-name"))
+        problems = node_problems(sample, self.in_ray[node_id], self.labels.get(node_id, {}))
+        if problems:
+            return Outcome(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
         self.pushed[sample.node_name] = sample.model_copy(update={"sampled_at": time.time(), "source": "agent"})
         return Outcome(ok=True)
 

@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from tests.cluster.conftest import SIM_MODEL
-from tests.harness import ADMIN_TOKEN, API_KEY, ROOT
+from tests.harness import API_KEY, MONITOR_TOKEN, ROOT
 
 pytestmark = pytest.mark.cluster
 
@@ -35,45 +35,52 @@ def wait_for(check, timeout: float, what: str):
         time.sleep(0.5)
 
 
-def test_monitor_agent_process_reports_nvml_gpus_to_the_hive(clean, tmp_path):
-    """`python -m hive_apps.monitor` (the DaemonSet's command) with a fake NVML showing two GPUs on
-    node-a: GET /admin/gpus shows them under node-a's stable name, live, and the in-Ray monitor
-    takes node-a back when the agent stops."""
+def test_monitor_agent_process_pushes_with_its_nodes_token(clean, tmp_path):
+    """`python -m hive_apps.monitor` (the DaemonSet's command) with a token file, as the DaemonSet
+    runs it: node-a's token, issued by POST /admin/monitor-tokens, reports node-a (its view wins,
+    /admin/nodes says "agent") and the in-Ray monitor takes node-a back when the agent stops. NVML
+    GPUs that node-a's Ray monitor does not see are refused (422), node-b's token cannot report
+    node-a (403), and the hive's secret itself is no agent token (401)."""
     hive = clean
-    readings = tmp_path / "gpus.json"
-    gpus = [{"name": "NVIDIA A100-SXM4-80GB", "total": 80 * GIB, "used": 1 * GIB, "uuid": "GPU-a100-0"},
-            {"name": "NVIDIA L40S", "total": 48 * GIB, "used": 0, "uuid": "GPU-l40s-1"}]
-    readings.write_text(json.dumps(gpus))
+    r = hive.admin.post("/monitor-tokens", json={"node_name": "node-a"})
+    assert r.status_code == 200, r.text
     token = tmp_path / "token"
-    token.write_text(ADMIN_TOKEN)  # today's samples endpoint takes the admin token
+    token.write_text(r.json()["token"] + "\n")
+    readings = tmp_path / "gpus.json"
+    readings.write_text(json.dumps([{"name": "NVIDIA A100-SXM4-80GB", "total": 80 * GIB, "used": 1 * GIB},
+                                    {"name": "NVIDIA L40S", "total": 48 * GIB, "used": 0}]))
     env = {**os.environ, "FAKE_PYNVML_GPUS": str(readings),
            "PYTHONPATH": os.pathsep.join([str(FAKE_PYNVML), str(ROOT)])}
     env.pop("HIVE_MONITOR_TOKEN", None)
-    agent = subprocess.Popen([sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url,
-                              "--token-file", str(token), "--node-name", "node-a", "--interval", "0.5"], env=env)
+    base = [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token-file", str(token),
+            "--node-name", "node-a"]
+
+    def once(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(base + ["--once", *args], env=env, capture_output=True, text=True, timeout=60)
+
+    lied = once()  # NVML GPUs on a node whose Ray pod sees two simulated H100s
+    assert lied.returncode == 1 and "HTTP 422" in lied.stderr and "sample refused: devices" in lied.stderr, lied.stderr
+    assert hive.gpus()["node-a:gpu0"]["device"]["name"] == "H100-80GB"
+
+    readings.write_text("[]")  # no NVML GPUs: the agent reports node-a's simulated GPUs, as its Ray monitor does
+    agent = subprocess.Popen(base + ["--sim-gpus", "H100-80GB.H100-80GB", "--interval", "0.5"], env=env)
     try:
-        def shown():
-            got = hive.gpus()
-            a0, a1 = got.get("node-a:gpu0"), got.get("node-a:gpu1")
-            return got if a0 and a1 and a0["device"]["name"] == gpus[0]["name"] and a1["device"]["name"] == gpus[1]["name"] else None
-
-        got = wait_for(shown, 30, "the agent's NVML GPUs never reached GET /admin/gpus")
-        a0, a1 = got["node-a:gpu0"], got["node-a:gpu1"]
-        assert a0["total_bytes"] == 80 * GIB and a0["used_bytes"] == 1 * GIB and a0["device"]["uuid"] == "GPU-a100-0"
-        assert a1["total_bytes"] == 48 * GIB and a1["used_bytes"] == 0 and a1["device"]["kind"] == "gpu"
-        assert a0["reserved_bytes"] == 0 and a0["free_bytes"] == 79 * GIB
-        nodes = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}
-        assert nodes["node-a"]["source"] == "agent"
-
-        gpus[1]["used"] = 5 * GIB  # another process takes memory on the L40S: the next reading shows it
-        readings.write_text(json.dumps(gpus))
-        wait_for(lambda: hive.gpus()["node-a:gpu1"]["used_bytes"] == 5 * GIB, 20, "a changed NVML reading never arrived")
+        wait_for(lambda: {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["node-a"]["source"]
+                 == "agent", 30, "the agent's reading of node-a never reached the registry")
+        assert hive.gpus()["node-a:gpu0"]["device"]["name"] == "H100-80GB"
         assert agent.poll() is None
     finally:
         agent.terminate()
         agent.wait(timeout=10)
-    wait_for(lambda: hive.gpus().get("node-a:gpu0", {}).get("device", {}).get("name") == "H100-80GB", 30,
-             "the in-Ray monitor did not take node-a back after the agent stopped")
+    wait_for(lambda: {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["node-a"]["source"]
+             == "ray-monitor", 30, "the in-Ray monitor did not take node-a back after the agent stopped")
+
+    token.write_text(hive.admin.post("/monitor-tokens", json={"node_name": "node-b"}).json()["token"])
+    other = once("--sim-gpus", "H100-80GB.H100-80GB")
+    assert other.returncode == 1 and "HTTP 403" in other.stderr and "speaks for node 'node-b'" in other.stderr
+    token.write_text(MONITOR_TOKEN)
+    secret = once("--sim-gpus", "H100-80GB.H100-80GB")
+    assert secret.returncode == 1 and "HTTP 401" in secret.stderr and "issue-token" in secret.stderr
 
 
 @ray.remote(num_cpus=1)

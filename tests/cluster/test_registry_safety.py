@@ -1,5 +1,6 @@
 """Reservations under concurrency, start locks on shared devices, and node death."""
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -152,32 +153,51 @@ def test_simulated_gpu_memory_follows_engines_and_drift_shows(clean):
 
 
 def test_standalone_agent_pushes_over_http(clean):
+    """The agent with node-b's own token (from the CLI, as an operator issues it) reports node-b's
+    devices; it cannot report another node, nor devices node-b's Ray monitor does not see."""
     import subprocess
     import sys
 
-    from tests.harness import ADMIN_TOKEN
+    from tests.harness import ADMIN_TOKEN, MONITOR_TOKEN
 
     hive = clean
-    base = [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token", ADMIN_TOKEN]
-    bad = subprocess.run(base + ["--node-name", "nowhere", "--once"], capture_output=True, text=True, timeout=60)
+    issued = subprocess.run([sys.executable, "-m", "hive_apps.monitor", "issue-token", "--node-name", "node-b"],
+                            env={**os.environ, "HIVE_MONITOR_TOKEN": MONITOR_TOKEN}, capture_output=True, text=True,
+                            timeout=60)
+    assert issued.returncode == 0, issued.stderr
+    token = issued.stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k != "HIVE_MONITOR_TOKEN"}
+
+    def agent_cmd(node: str, sim_gpus: str, secret: str = token) -> list[str]:
+        return [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token", secret,
+                "--node-name", node, "--sim-gpus", sim_gpus]
+
+    def run_once(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cmd, "--once"], env=env, capture_output=True, text=True, timeout=60)
+
+    bad = run_once(*agent_cmd("nowhere", "L4", ADMIN_TOKEN))  # operators may push any node Ray knows
     assert bad.returncode == 1 and "no alive Ray node is named 'nowhere'" in bad.stderr
-    agent = subprocess.Popen(base + ["--node-name", "node-b", "--sim-gpus", "H200", "--interval", "0.5"])
+    other = run_once(*agent_cmd("node-a", "H100-80GB.H100-80GB"))
+    assert other.returncode == 1 and "speaks for node 'node-b'" in other.stderr
+    lie = run_once(*agent_cmd("node-b", "H200"))  # one H200 where node-b's Ray monitor sees L4, L4, A10
+    assert lie.returncode == 1 and "sample refused: devices" in lie.stderr
+    agent = subprocess.Popen(agent_cmd("node-b", "L4.L4.A10") + ["--interval", "0.5"], env=env)
     try:
         deadline = time.time() + 30
-        while hive.gpus().get("node-b:gpu0", {}).get("device", {}).get("name") != "H200":
+        while {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["node-b"]["source"] != "agent":
             assert time.time() < deadline, "the agent's reading never reached the registry"
             time.sleep(0.5)
-        assert "node-b:gpu1" not in hive.gpus()  # the agent's view of node-b replaced the monitor's
+        assert {"node-b:gpu0", "node-b:gpu1", "node-b:gpu2"} <= set(hive.gpus())
         nodes = {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}
-        assert nodes["node-b"]["source"] == "agent" and nodes["node-b"]["host_total_bytes"] > 0
+        assert nodes["node-b"]["host_total_bytes"] > 0
     finally:
         agent.terminate()
         agent.wait(timeout=10)
     deadline = time.time() + 30
-    while hive.gpus().get("node-b:gpu0", {}).get("device", {}).get("name") != "L4":
+    while {n["node_name"]: n for n in hive.admin.get("/nodes").json()["nodes"]}["node-b"]["source"] != "ray-monitor":
         assert time.time() < deadline, "the Ray monitor did not take over after the agent stopped"
         time.sleep(0.5)
-    assert {"node-b:gpu1", "node-b:gpu2"} <= set(hive.gpus())
+    assert hive.gpus()["node-b:gpu0"]["device"]["name"] == "L4"
 
 
 def test_host_ram_is_tracked_per_node(clean):

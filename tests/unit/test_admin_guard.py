@@ -11,14 +11,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from hive_apps.admin.guard import AdminGuard
-from hive_apps.auth import check_admin_token
+from hive_apps.auth import check_admin_token, node_monitor_token
 from hive_apps.registry.devices import Device, DeviceKind, NodeSample
 from hive_apps.registry.samples import sample_problems
 from hive_apps.settings import HiveSettings
 
 SETTINGS = HiveSettings(admin_token="adm", monitor_token="mon")
 ADMIN = {"Authorization": "Bearer adm"}
-MONITOR = {"Authorization": "Bearer mon"}
+MONITOR = {"Authorization": f"Bearer {node_monitor_token('mon', 'n')}"}  # node n's agent
 
 
 def guarded(limit: int = 1024):
@@ -62,6 +62,10 @@ async def test_monitor_token_is_good_only_for_samples():
     assert (await client.post("/registry/samples", json={}, headers=ADMIN)).status_code == 200
     assert (await client.post("/models", json={}, headers=MONITOR)).status_code == 401
     assert (await client.get("/healthz")).status_code == 200
+    r = await client.post("/registry/samples", json={}, headers={"Authorization": "Bearer mon"})
+    assert r.status_code == 401 and "not an agent's token" in r.json()["error"]["message"]  # the secret itself
+    forged = {"Authorization": f"Bearer {node_monitor_token('guess', 'n')}"}
+    assert (await client.post("/registry/samples", json={}, headers=forged)).status_code == 401
 
 
 async def test_non_ascii_authorization_is_a_401_not_a_500():

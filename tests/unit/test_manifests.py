@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -361,8 +362,11 @@ def test_vram_monitor_sees_all_gpus_requests_none_and_is_locked_down():
     assert args.token is None and args.node_name == "node-1"  # never a token in argv
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     token_volume = next(v for v in pod["volumes"] if v["name"] == "token")
-    (item,) = token_volume["secret"]["items"]
-    assert args.token_file == f"{mounts['token']}/{item['path']}" and item["key"] == "monitor-token"
+    # the node's own token from the node (a Secret is the same in every pod): never the hive's secret
+    assert token_volume["hostPath"] == {"path": "/etc/ray-hive/monitor", "type": "Directory"}
+    assert args.token_file == f"{mounts['token']}/token"
+    assert not any("secret" in v for v in pod["volumes"]) and "monitor-token" not in json.dumps(ds)
+    assert all(m.get("readOnly") for m in c["volumeMounts"] if m["name"] == "token")
     assert args.registry_url.startswith(f"http://{RAYSERVICE['metadata']['name']}-head-svc.")
 
 
