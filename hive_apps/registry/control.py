@@ -168,7 +168,9 @@ class ModelBook:
         except ReservationError as e:
             raise TransitionError(e.message, e.status_code) from None
         rec = record.model_copy(deep=True, update={
-            "status": ModelStatus.DEPLOYING, "version": existing.version if existing else 0,
+            # a new record starts past every version the book has given out, so a stale writer of an
+            # earlier record under this id (deleted, then deployed again) can never match it
+            "status": ModelStatus.DEPLOYING, "version": existing.version if existing else self.version,
             "created_at": now, "starting_since": now, "plan_generation": 1, "applied_generation": 0})
         return self._commit(rec, saved=[r.model_copy() for r in reservations])
 
@@ -372,14 +374,21 @@ class ModelBook:
         in_place = rec.sleeps_in_place
         if in_place and [rp.devices for rp in plan.replicas] != [rp.devices for rp in rec.plan.replicas]:
             raise TransitionError(f"placed: {model_id!r} sleeps in place; it wakes only on its own devices")
-        try:
-            self.ledger.reserve(reservations)
-        except ReservationError as e:
-            raise TransitionError(e.message, e.status_code) from None
         if not in_place:
             rec.plan, rec.plan_generation = plan, rec.plan_generation + 1
             rec.placed_at = {rp.index: rec.plan_generation for rp in plan.replicas}
         rec.resident, rec.wake_placed, rec.starting_since = True, True, now
+        # exactly one booking per live replica, on its devices: a replica lost while it slept in
+        # place has no engine to wake (park it and place it again), and a booking the record does
+        # not hold would stay behind (and block healing that replica) until a restart freed it
+        live = self._keys(model_id, [rp.index for rp in rec.live_replicas])
+        if sorted(r.key for r in reservations) != sorted(live) or not all(rec.books(r) for r in reservations):
+            raise TransitionError(f"placed: the reservations of {model_id!r} are not one per live replica of "
+                                  f"its plan ({', '.join(live)}), on their devices")
+        try:
+            self.ledger.reserve(reservations)
+        except ReservationError as e:
+            raise TransitionError(e.message, e.status_code) from None
         rec.wake_placement_s, rec.wake_evicted = placement_s, list(evicted)
         rec.message = ("waking: " + ("waking its engines on " if in_place else "starting ")
                        + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}" for rp in plan.replicas))
@@ -392,6 +401,9 @@ class ModelBook:
         in_place = rec.sleeps_in_place
         forgotten = self._release_devices(model_id) if in_place else [r.key for r in self.ledger.release(model_id)]
         rec.status, rec.resident, rec.wake_failed_at, rec.wake_placed = ModelStatus.SLEEPING, False, now, False
+        if not in_place:  # parked now, as ``parked`` leaves it: the next wake places every replica anew,
+            # so none may stay lost (its new placement would hold a reservation its record does not book)
+            rec.lost_replicas, rec.healing_replicas, rec.retiring, rec.drift = {}, [], [], {}
         rec.sleep_mode = rec.sleep_mode or SleepMode.PARKED
         rec.message = f"sleeping; the last wake failed: {reason}"
         return self._commit(rec, forgotten=forgotten)
