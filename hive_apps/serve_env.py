@@ -7,7 +7,8 @@ container in ``manifests/`` (a unit test compares), the cluster tests' harness a
 
 Measured with ``bench_vs_vllm.py`` at one streaming client on the 2-core box (README, "Serving
 path against plain vLLM"): server CPU per request 1.33-1.46x plain ``vllm serve`` before, 1.21-1.23x
-with these three; most of it from the first two (the log setting alone: 1.29-1.33x).
+with the first three; most of it from the first two (the log setting alone: 1.29-1.33x). The last
+two set Serve's HAProxy ingress's client timeout and retries (nothing for Serve's Python proxy).
 """
 
 from __future__ import annotations
@@ -24,6 +25,23 @@ SERVE_ENV: dict[str, str] = {
     # Serve's logs go to its files under logs/serve/ only (the Ray dashboard shows them); by default
     # they are also written to the worker's stderr, which Ray's log monitor tails and republishes.
     "RAY_SERVE_LOG_TO_STDERR": "0",
+    # Serve's HAProxy ingress (below), HAProxy's `timeout client`: how long a client may send
+    # nothing while HAProxy waits for its request (a connection that never sends one, an unfinished
+    # head, a stalled body: 408 or closed) or for it to take the answer. Ray's default is 3600 s.
+    # It is not armed while the engine thinks or while a client reads a stream: HAProxy 2.8 let a
+    # 5 s silent answer and chunks 3 s apart through a 2 s client timeout (tests/unit/test_serve_env.py).
+    # Ray 2.60 has no setting for `timeout http-request`, so a client that trickles a header line
+    # more often than this is not cut (README, "Trust model"). Idle keep-alive connections between
+    # requests close on Serve's http_options.keep_alive_timeout_s (90 s by default, longer than a
+    # cloud load balancer's 60 s idle timeout, as it must be).
+    "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "30",
+    # Retry a request on another gateway/router replica (`option redispatch 1`, HAProxy's default
+    # 3 retries) when its connection fails and also when the replica closes it without a byte of
+    # answer (it died mid-request). Ray's default retries only refused connections, to never run
+    # a request twice: an OpenAI request has no effect but its answer, so running it again costs
+    # compute only, and a repeated deploy of the same model id meets its first run's 409. HAProxy
+    # retries only requests that fit its 16 KiB buffer (tune.bufsize): larger ones still fail.
+    "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
 }
 
 HA_PROXY = "RAY_SERVE_ENABLE_HA_PROXY"

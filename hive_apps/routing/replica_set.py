@@ -30,7 +30,7 @@ from ray.serve.handle import DeploymentHandle
 
 from hive_apps import metrics, names, request_ids
 from hive_apps.cluster import get_cluster
-from hive_apps.engine.http_server import LOAD_PATH, TOKEN_HEADER, EngineEndpoint
+from hive_apps.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import Plan, ReplicaPlan
@@ -54,6 +54,17 @@ REPLICA_HEADER = "x-hive-replica"
 SPLITTABLE = (COMPLETIONS, CHAT)
 
 Reply = tuple[ResponseStart, bytes]
+
+
+class EngineOverloaded(Exception):
+    """The engine port's own 503 at its connection limit: nothing ran, so another replica may answer."""
+
+
+def _checked(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+    if resp.status == 503 and OVERLOADED_HEADER in resp.headers:
+        resp.release()
+        raise EngineOverloaded(f"{resp.url.host}:{resp.url.port} at its connection limit")
+    return resp
 
 
 def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
@@ -198,7 +209,8 @@ class ReplicaSet:
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise
-        self.endpoints[view.index] = None  # a restarted replica has a new port
+        if not isinstance(e, EngineOverloaded):  # a full port is still the replica's port
+            self.endpoints[view.index] = None  # a restarted replica has a new port
         log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
                     request_ids.of_headers(req.headers), e)
         metrics.publisher().count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
@@ -268,7 +280,7 @@ class ReplicaSet:
                     start, body = await self.handles[view.index].forward_unary.remote(req)
                 else:
                     async with await self._post(endpoint, req) as resp:
-                        start, body = _start_of(resp), await resp.read()
+                        start, body = _start_of(_checked(resp)), await resp.read()
                 self._answered(attempt)
                 return _served_by(start, view.index), body
             except Exception as e:
@@ -336,7 +348,7 @@ async def _relay(items: AsyncIterator) -> AsyncIterator:
 async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncIterator[ResponseStart | bytes]:
     """An engine's HTTP reply in the shape a Serve stream has: its start, then body chunks."""
     async with resp:
-        yield _start_of(resp)
+        yield _start_of(_checked(resp))
         async for chunk in resp.content.iter_any():
             yield chunk
 

@@ -255,3 +255,105 @@ async def test_starting_the_engine_port_leaves_the_replicas_log_handlers_open(tm
         file_handler.close()
     assert handler.target is file_handler
     assert "after the engine port opened" in (tmp_path / "replica.log").read_text()
+
+
+async def _read_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tuple[bytes, float]:
+    """What the server sent until it closed the connection, and when; fails if it stays open."""
+    loop = asyncio.get_running_loop()
+    t0, data = loop.time(), b""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), timeout=limit_s - (loop.time() - t0))
+        except (ConnectionResetError, BrokenPipeError):
+            chunk = b""
+        except TimeoutError:
+            raise AssertionError(f"still open after {limit_s}s; got {data[:80]!r}")
+        if not chunk:
+            return data, loop.time() - t0
+        data += chunk
+
+
+async def _raw(e: SimEngine) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    from urllib.parse import urlparse
+
+    url = urlparse(e.endpoint().url)
+    return await asyncio.open_connection(url.hostname, url.port)
+
+
+def _head(e: SimEngine, path: str = "/hive/load", extra: bytes = b"", method: str = "GET") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nhost: x\r\n{TOKEN_HEADER}: {e.endpoint().token}\r\n").encode() + extra + b"\r\n"
+
+
+async def test_the_engine_port_refuses_a_header_flood_with_431():
+    """httptools ignores h11_max_incomplete_event_size: 24 MB of headers were read and kept."""
+    e = await engine(sim_tokens_per_s=5000)
+    flood = b"".join(b"x-flood-%d: %s\r\n" % (i, b"a" * 1000) for i in range(64))  # 64 KiB
+    reader, writer = await _raw(e)
+    writer.write(_head(e, extra=flood))  # a whole head, too large
+    data, _ = await _read_until_closed(reader, 5)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    reader, writer = await _raw(e)
+    writer.write(_head(e)[:-2] + b"x-endless: ")
+    for _ in range(64):  # one header that never ends: llhttp never hands it to a callback
+        writer.write(b"a" * 1024)
+        await writer.drain()
+    data, _ = await _read_until_closed(reader, 5)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    await e.http.stop()
+
+
+async def test_the_engine_port_closes_unfinished_heads_idle_connections_and_slow_bodies(monkeypatch):
+    """2,048 connections that sent nothing (or half a request) held every slot of the port's
+    connection limit, and its 503 then answered everyone, the hive's own requests included."""
+    from hive_apps.engine import http_server
+
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(http_server, "BODY_TIMEOUT_S", 0.5)
+    e = await engine(sim_tokens_per_s=5000)
+    idle = await _raw(e)
+    half = await _raw(e)
+    half[1].write(b"GET /hive/lo")
+    trickle = await _raw(e)
+    trickle[1].write(b"GET /hive/load HTTP/1.1\r\n")
+    slow_body = await _raw(e)
+    slow_body[1].write(_head(e, "/v1/chat/completions", b"content-type: application/json\r\ncontent-length: 100\r\n", "POST") + b"{")
+    for _ in range(3):  # a header line every 0.3 s: never idle for long, never done
+        await asyncio.sleep(0.3)
+        trickle[1].write(b"x-slow: 1\r\n")
+    for name, (reader, _) in {"idle": idle, "half": half, "trickle": trickle, "slow body": slow_body}.items():
+        data, _ = await _read_until_closed(reader, 3)
+        assert b"200" not in data, (name, data)
+
+    reader, writer = await _raw(e)  # a well-behaved client keeps its connection across requests
+    for _ in range(2):
+        writer.write(_head(e))
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200"), "a request with the token is answered"
+        await reader.readuntil(b"\r\n0\r\n\r\n")  # the rest of the (chunked) answer
+        await asyncio.sleep(0.8)  # idle between requests: uvicorn's keep-alive (75 s), not the head timer
+    writer.close()
+    await e.http.stop()
+
+
+async def test_the_router_fails_over_when_an_engine_port_is_at_its_connection_limit(monkeypatch):
+    """uvicorn's own 503 at limit_concurrency was passed on to the client as the model's answer."""
+    from hive_apps.engine import http_server
+
+    monkeypatch.setattr(http_server, "MAX_CONNECTIONS", 1)
+    full = await engine(0, sim_tokens_per_s=5000)
+    monkeypatch.undo()
+    free = await engine(1, sim_tokens_per_s=5000)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(full), 1: FakeHandle(free)}, [full.replica, free.replica], queue_bound=8)
+    rs.endpoints.update({0: full.endpoint(), 1: free.endpoint()})
+    holder = await _raw(full)  # takes r0's only slot
+    await asyncio.sleep(0.05)
+    req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                           body=json.dumps(CHAT).encode())
+    start, body = await rs.call(req, CHAT)  # both idle: the tie goes to r0
+    assert start.status == 200 and ("x-hive-replica", "r1") in start.headers, (start, body)
+    assert rs.endpoints[0] is not None, "a full port is still the replica's port"
+    rs.views[0].healthy = True
+    items = [item async for item in rs.stream(req.model_copy(update={"body": json.dumps({**CHAT, "stream": True}).encode()}))]
+    assert items[0].status == 200 and ("x-hive-replica", "r1") in items[0].headers
+    holder[1].close()
+    rs.close()
+    await asyncio.gather(full.http.stop(), free.http.stop())
