@@ -96,7 +96,7 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
     MetricDef("hive_replica_failures", "counter", "Requests a replica failed before answering", ("model", "replica")),
     MetricDef("hive_rejected", "counter",
               "Requests refused by the hive itself: 429 queue_full, hold_full or client_share, 503 no_replica, "
-              "hold_timeout or wake_failed", ("model", "code", "reason")),
+              "hold_timeout or wake_failed, 504 engine_hung", ("model", "code", "reason")),
     MetricDef("hive_held_requests", "gauge", "Requests held while their model wakes", ("model", "entry")),
     # --- lifecycle (registry transitions) ---
     MetricDef("hive_deploy_seconds", "histogram", "From a deploy's request to its model serving", ("model",),

@@ -49,7 +49,7 @@ class HiveSettings(BaseSettings):
     trust_remote_code: bool = Field(False, description="Let deploys set trust_remote_code (runs a model repository's own code on the node).")
     hook_packages: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated package prefixes that hive_placement_policy / hive_attention_cls classes may come from; empty = hooks off.")
     plan_timeout_s: float = Field(30.0, gt=0, description="Longest one plan may compute; past it the deploy gets 422.")
-    engine_read_timeout_s: float = Field(600.0, gt=0, description="A request fails when its engine sends nothing for this long.")
+    engine_read_timeout_s: float = Field(600.0, gt=0, description="A streamed request fails when its engine sends nothing for this long; a non-streaming one waits for its whole answer while the engine answers a load probe this often.")
     engine_http: bool = Field(True, description="Routers reach engines over each replica's own HTTP port; off = Serve handles only.")
     engine_port_range: Annotated[tuple[int, int] | None, NoDecode] = Field(
         None, description="e.g. 20000-20999: engine replicas listen on the first free port of this range "

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import aiohttp
@@ -47,6 +47,7 @@ LOAD_POLL_S = 0.25
 IDLE_AFTER_S = 2.0
 IDLE_POLL_S = 2.0
 LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
+PROBE_TIMEOUT_S = 5.0  # a busy engine's load answer while a long unary request waits on it
 MAX_ATTEMPTS = 2
 RETRY_AFTER_S = 1
 JSON = ("content-type", "application/json")
@@ -58,6 +59,11 @@ Reply = tuple[ResponseStart, bytes]
 
 class EngineOverloaded(Exception):
     """The engine port's own 503 at its connection limit: nothing ran, so another replica may answer."""
+
+
+class EngineHung(Exception):
+    """A unary request's engine stopped answering its liveness probe: it may still be generating,
+    so the request is not run again elsewhere."""
 
 
 def _checked(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
@@ -172,8 +178,10 @@ class ReplicaSet:
         return await asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S)
 
     async def _request(self, endpoint: EngineEndpoint, method: str, path: str, body: bytes = b"",
-                       headers: list[tuple[str, str]] = (), timeout: float | None = None) -> aiohttp.ClientResponse:
-        """One request to a replica's own port; the caller reads and releases the response."""
+                       headers: list[tuple[str, str]] = (), timeout: float | None = None,
+                       unary: bool = False) -> aiohttp.ClientResponse:
+        """One request to a replica's own port; the caller reads and releases the response.
+        ``unary``: no idle limit on the answer (``_while_alive`` watches the engine instead)."""
         if self._http is None:
             # no total deadline (answers stream for as long as they take), but a hung engine that
             # sends nothing for HIVE_ENGINE_READ_TIMEOUT_S fails the request instead of holding it
@@ -182,12 +190,43 @@ class ReplicaSet:
             self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
                                                auto_decompress=False)
         extra = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
+        if unary:
+            extra = {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)}
         return await self._http.request(method, endpoint.url + path, data=body,
                                         headers=[*headers, (TOKEN_HEADER, endpoint.token)], **extra)
 
-    async def _post(self, endpoint: EngineEndpoint, req: ForwardedRequest) -> aiohttp.ClientResponse:
+    async def _post(self, endpoint: EngineEndpoint, req: ForwardedRequest, unary: bool = False) -> aiohttp.ClientResponse:
         path = req.path + (f"?{req.query}" if req.query else "")
-        return await self._request(endpoint, req.method, path, req.body, req.headers)
+        return await self._request(endpoint, req.method, path, req.body, req.headers, unary=unary)
+
+    async def _unary_over_http(self, endpoint: EngineEndpoint, req: ForwardedRequest) -> Reply:
+        async with await self._post(endpoint, req, unary=True) as resp:
+            return _start_of(_checked(resp)), await resp.read()
+
+    async def _while_alive(self, endpoint: EngineEndpoint, work: Coroutine[Any, Any, Reply]) -> Reply:
+        """A non-streaming answer arrives whole when its generation ends, which may take longer than
+        any idle limit: wait for it for as long as the engine's port answers a load probe every
+        HIVE_ENGINE_READ_TIMEOUT_S. A probe that fails means the engine hung (``EngineHung``); an
+        engine that died resets the connection, which fails ``work`` itself."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                idle_s = get_settings().engine_read_timeout_s
+                done, _ = await asyncio.wait({task}, timeout=idle_s)
+                if done:
+                    return task.result()
+                try:
+                    async with await self._request(endpoint, "GET", LOAD_PATH,
+                                                   timeout=min(PROBE_TIMEOUT_S, idle_s)) as probe:
+                        if probe.status == 200:
+                            continue
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                raise EngineHung(f"the engine sent nothing for {get_settings().engine_read_timeout_s:.0f}s "
+                                 "(HIVE_ENGINE_READ_TIMEOUT_S) and does not answer its load probe")
+        finally:
+            if not task.done():
+                task.cancel()
 
     def replica_views(self) -> list[ReplicaView]:
         return list(self.views.values())
@@ -206,6 +245,10 @@ class ReplicaSet:
         if last_error is not None:
             msg += f" (last error: {type(last_error).__name__})"
         return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), openai_error(503, msg).body
+
+    def _hung(self, e: EngineHung) -> Reply:
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="504", reason="engine_hung")
+        return ResponseStart(status=504, headers=[JSON]), openai_error(504, f"model '{self.model_id}': {e}").body
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise
@@ -279,10 +322,12 @@ class ReplicaSet:
                 if endpoint is None:
                     start, body = await self.handles[view.index].forward_unary.remote(req)
                 else:
-                    async with await self._post(endpoint, req) as resp:
-                        start, body = _start_of(_checked(resp)), await resp.read()
+                    start, body = await self._while_alive(endpoint, self._unary_over_http(endpoint, req))
                 self._answered(attempt)
                 return _served_by(start, view.index), body
+            except EngineHung as e:  # it may still be generating: running it again elsewhere would run it twice
+                self._failed(view, e, req)
+                return self._hung(e)
             except Exception as e:
                 last_error = e
                 self._failed(view, e, req)

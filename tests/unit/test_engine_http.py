@@ -156,10 +156,39 @@ async def test_a_hung_engine_fails_the_request_instead_of_holding_it(monkeypatch
         t0 = asyncio.get_running_loop().time()
         start, body = await asyncio.wait_for(rs.call(req, CHAT), 10)
         assert asyncio.get_running_loop().time() - t0 < 5
-        assert start.status == 503 and b"TimeoutError" in body, body
+        assert start.status == 504 and b"does not answer its load probe" in body, body
+        assert e.requests_total == 0, "a hung engine's request is not run again on another replica"
         rs.close()
     finally:
         server.close()
+        get_settings.cache_clear()
+
+
+async def test_a_non_streaming_answer_longer_than_the_idle_limit_is_waited_for_and_runs_once(monkeypatch):
+    """A unary answer comes whole at the end of its generation: an idle limit on it failed every
+    generation longer than HIVE_ENGINE_READ_TIMEOUT_S and ran it again on another replica."""
+    from hive_apps.settings import get_settings
+
+    monkeypatch.setenv("HIVE_ENGINE_READ_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    try:
+        slow, other = await engine(0, sim_tokens_per_s=10), await engine(1, sim_tokens_per_s=10)
+        rs = ReplicaSet("sim-model", {0: FakeHandle(slow), 1: FakeHandle(other)}, [slow.replica, other.replica],
+                        queue_bound=8)
+        rs.endpoints = {0: slow.endpoint(), 1: other.endpoint()}
+        body = {**CHAT, "max_tokens": 20}  # 2 s of generation: four idle limits
+        req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                               body=json.dumps(body).encode())
+        before = slow.requests_total + other.requests_total
+        start, answer = await asyncio.wait_for(rs.call(req, body), 20)
+        assert start.status == 200, answer
+        assert json.loads(answer)["usage"]["completion_tokens"] == 20
+        assert slow.requests_total + other.requests_total - before == 1, "it ran once"
+        assert all(v.healthy for v in rs.views.values())
+        rs.close()
+        for e in (slow, other):
+            await e.http.stop()
+    finally:
         get_settings.cache_clear()
 
 
