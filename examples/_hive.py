@@ -169,6 +169,6 @@ def try_chat(model_id: str, content: list[dict], max_tokens: int = 16) -> tuple[
 
 
 def remote_media(model_id: str, part: dict, question: str) -> None:
-    """A media part by URL: the hive fetches remote media only from HIVE_MEDIA_HOSTS (README "Multimodal")."""
+    """A media part by URL: the hive fetches remote media only from HIVE_MEDIA_HOSTS (docs/openai_api.md)."""
     status, text, _ = try_chat(model_id, [part, {"type": "text", "text": question}])
     print(f"remote URL: {status} {text!r}")

@@ -3,7 +3,7 @@
 The admin's lifecycle loop (``admin/lifecycle.py``) and its reconciler call these; so does
 ``benchmarks/bench_lifecycle.py``, which runs the same rules against simpler strategies.
 
-Rules (README "Lifecycle"):
+Rules (docs/lifecycle.md):
 
 - A model *can sleep* when its deploy set ``sleep_timeout``. Only such models are ever put
   to sleep, by their own timeout or to make room for another model.

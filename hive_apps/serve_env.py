@@ -5,8 +5,8 @@ proxy, every replica), so they belong where Ray starts: the quickstart's ``ray s
 container in ``manifests/`` (a unit test compares), the cluster tests' harness and
 ``benchmarks/bench_vs_vllm.py`` all take them from here. A value already in the environment wins.
 
-Measured with ``bench_vs_vllm.py`` at one streaming client on the 2-core box (README, "Serving
-path against plain vLLM"): server CPU per request 1.33-1.46x plain ``vllm serve`` before, 1.21-1.23x
+Measured with ``bench_vs_vllm.py`` at one streaming client on the 2-core box (benchmarks/RESULTS_serving.md,
+"Serving path against plain vLLM"): server CPU per request 1.33-1.46x plain ``vllm serve`` before, 1.21-1.23x
 with the first three; most of it from the first two (the log setting alone: 1.29-1.33x). The last
 two set Serve's HAProxy ingress's client timeout and retries (nothing for Serve's Python proxy).
 """
@@ -57,8 +57,8 @@ def ray_head_env(env: dict[str, str]) -> dict[str, str]:
     binary is there, wherever ``env`` does not say otherwise.
 
     Serve's Python proxy costs each request about as much CPU as the engine itself on a small
-    machine; with HAProxy in front the hive serves 2x the requests per second (README, "Serving
-    path against plain vLLM"). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy.
+    machine; with HAProxy in front the hive serves 2x the requests per second (benchmarks/RESULTS_serving.md,
+    "Serving path against plain vLLM"). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy.
     """
     out = {**SERVE_ENV, **env}
     if HA_PROXY not in out and haproxy_available():

@@ -48,7 +48,7 @@ class ModelSpec(BaseModel):
     model: str = Field(description="Where the weights are: a Hugging Face Hub repo 'org/name' or 'org/name@revision' "
                                    "(a branch, tag or commit), 's3://bucket/prefix', or an absolute folder that every "
                                    "node an engine may run on has (a shared volume). Each node fetches the weights "
-                                   "into its own cache before its engine starts (README \"Getting weights onto nodes\").")
+                                   "into its own cache before its engine starts (docs/weights.md).")
     max_input_prompt_length: int = Field(1024, ge=1, le=1_048_576)
     max_output_prompt_length: int = Field(256, ge=0, le=1_048_576)
     replicas: int = Field(1, description=">= 1, or -1 for one replica on every eligible device.")
@@ -64,7 +64,7 @@ class ModelSpec(BaseModel):
         None, gt=0, le=30 * 86400,
         description="Seconds without requests after which the model sleeps (parks: engines removed, memory "
                     "released, route and plan kept); the next request wakes it. A model with a sleep_timeout may "
-                    "also be put to sleep to make room for another model (README \"Lifecycle\").",
+                    "also be put to sleep to make room for another model (docs/lifecycle.md).",
     )
     idle_timeout: float | None = Field(
         None, gt=0, le=365 * 86400,

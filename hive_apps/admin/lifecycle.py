@@ -169,7 +169,7 @@ class Lifecycle(ControlPlane):
         return asked
 
     async def _scale(self, rec: ModelRecord, act: Activity, now: float) -> bool:
-        """Add or retire one replica when load stayed high or low for the window (README "Lifecycle")."""
+        """Add or retire one replica when load stayed high or low for the window (docs/lifecycle.md)."""
         step, self.clocks[rec.model_id] = scale_decision(list(act.pressures.values()), rec.spec.replica_bounds,
                                                          self.clocks.get(rec.model_id, ScaleClock()), now,
                                                          self.settings.scale_window_s)
