@@ -70,7 +70,8 @@ from hive_apps.lifecycle import (  # noqa: E402
     Activity, Candidate, choose_victims, cold_start_s, eviction_order, idle_since, protection_ends,
     sleep_due, update_activity, wake_s,
 )
-from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
+from hive_apps.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import load_profile  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
 from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
@@ -167,7 +168,7 @@ def build_deploys(catalog: list[tuple], kinds: list[str]) -> list[Deploy]:
             except PlanningError:
                 continue
             d.footprint[key], d.seqs[key] = r.reservation_bytes, r.settings.max_num_seqs
-            perf = _perf([dc], False, 1, r.settings.enforce_eager, profile)
+            perf = device_perf([dc], False, 1, r.settings.enforce_eager, profile)
             tps = Throughput(profile, perf, 1, inp, outp).tokens_per_s(r.settings.max_num_batched_tokens, 1)
             d.service_s[key] = (inp if pooling else outp) / tps
             d.cold_s[key] = gpu_cold_start_s(key, profile.weight_bytes)

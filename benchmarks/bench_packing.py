@@ -72,7 +72,8 @@ os.environ.setdefault("HIVE_HOOK_PACKAGES", "__main__")
 
 from hive_apps.planning import memory as mem  # noqa: E402
 from hive_apps.planning.placement import capacity  # noqa: E402
-from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
+from hive_apps.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import ModelProfile, load_profile  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
 from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
@@ -239,7 +240,7 @@ def default_engine(profile: ModelProfile, dc: DeviceCapacity, util: float, inp: 
     seqs = min(seqs_cap, mem.seqs_for_kv(kv, frame.per_seq, frame.block))
     if seqs < 1:
         return 0, 0.0
-    perf = _perf([dc], False, 1, False, profile)
+    perf = device_perf([dc], False, 1, False, profile)
     return seqs, Throughput(profile, perf, 1, inp, 0 if pooling else outp).tokens_per_s(tokens, seqs)
 
 

@@ -24,7 +24,8 @@ sys.path.insert(0, ROOT)
 
 from hive_apps.planning import memory as mem  # noqa: E402
 from hive_apps.planning.memory import human_bytes  # noqa: E402
-from hive_apps.planning.planner import Throughput, _perf, plan_deployment  # noqa: E402
+from hive_apps.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import load_profile  # noqa: E402
 from hive_apps.planning.report import render_plan_table  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity  # noqa: E402
@@ -73,7 +74,7 @@ def vllm_defaults(profile, dc: DeviceCapacity, max_model_len: int) -> dict:
 
     fits = blocks - 1 >= -(-max_model_len // BLOCK)
     running = min(seqs, int(concurrency(max_model_len)))
-    perf = _perf([dc], False, 1, False, profile)
+    perf = device_perf([dc], False, 1, False, profile)
     tps = Throughput(profile, perf, 1, INPUT, OUTPUT).tokens_per_s(tokens, max(1, running)) if fits else 0.0
     return dict(tokens=tokens, seqs=seqs, util=VLLM_UTIL, kv=kv, kv_tokens=max(0, blocks - 1) * BLOCK,
                 conc=concurrency(max_model_len), conc_native=concurrency(profile.max_position_embeddings or 0),

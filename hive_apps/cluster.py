@@ -6,6 +6,10 @@ fetcher actors) goes through a ``Cluster``. The registry and the admin take thei
 unit tests install an in-memory fake with ``set_cluster()`` and run the same logic without
 Ray, as Serve's own ``ActorReplicaWrapper`` lets its controller run against fakes.
 
+The seam runs what it is given: a model's app is built by the builder the caller passes
+(``AppBuilder``, the admin's ``build_model_app``), never imported here, so the routers and
+engines that call ``get_cluster()`` are not imported by it in turn.
+
 Methods are blocking (Ray's APIs are); async callers run them with ``off_loop``.
 """
 
@@ -15,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -70,6 +75,9 @@ class NodeFetcher:
 
 FETCHER_CALL_TIMEOUT_S = 30.0
 
+# (model_id, plan, max_queued_requests, generations) -> the model's Serve application
+AppBuilder = Callable[[str, Plan, int | None, dict[int, int]], Any]
+
 
 class NodeInfo(BaseModel):
     node_id: str
@@ -81,7 +89,7 @@ class Cluster(Protocol):
     # --- Serve applications ---
     def app_states(self) -> dict[str, AppState]: ...
     def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
-                      generations: dict[int, int]) -> None: ...
+                      generations: dict[int, int], build: AppBuilder) -> None: ...
     def delete_app(self, name: str) -> None: ...  # asks; the app may still be listed for a while
     # --- handles (cached) ---
     def app_handle(self, name: str) -> Any: ...
@@ -144,8 +152,8 @@ class RayCluster:
         return out
 
     def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
-                      generations: dict[int, int]) -> None:
-        """Add or update a model's app without waiting for it to run.
+                      generations: dict[int, int], build: AppBuilder) -> None:
+        """Add or update a model's app (``build`` makes it) without waiting for it to run.
 
         Serve pickles apps with cloudpickle, whose by-value module registry is global and not
         thread-safe, so builds take a lock; Serve's own handle threads touch the same registry
@@ -154,12 +162,10 @@ class RayCluster:
         """
         from ray import serve
 
-        from hive_apps.admin.model_app import build_model_app
-
         for attempt in range(1, PICKLE_RACE_ATTEMPTS + 1):
             try:
                 with self._serve_lock:
-                    app = build_model_app(model_id, plan, max_queued_requests, generations)
+                    app = build(model_id, plan, max_queued_requests, generations)
                     serve.run_many(
                         [serve.RunTarget(app, name=names.model_app(model_id), route_prefix=names.model_route(model_id))],
                         wait_for_ingress_deployment_creation=False,

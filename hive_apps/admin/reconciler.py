@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from hive_apps import names
 from hive_apps.admin.failures import failure_reason
+from hive_apps.admin.model_app import build_model_app
 from hive_apps.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
 from hive_apps.registry.control import heal_backoff_s
 from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation, SleepMode
@@ -216,7 +217,7 @@ class Reconciler(ControlPlane):
         plan = rec.plan if not leave_out else rec.plan.model_copy(
             update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in leave_out]})
         await off_loop(self.cluster.run_model_app, rec.model_id, plan, rec.spec.max_queued_requests,
-                       rec.placed_at, timeout=SERVE_TIMEOUT_S)
+                       rec.placed_at, build_model_app, timeout=SERVE_TIMEOUT_S)
 
     async def _sleeping(self, rec: ModelRecord) -> float | None:
         """Drain, then sleep in place where the engines can (``doze``, their sleep, ``dozed``), or

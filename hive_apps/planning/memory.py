@@ -1,7 +1,7 @@
 """Memory one vLLM 0.32 engine takes on one device, per tensor-parallel rank.
 
-The model follows ``/work/shared/research/vllm-memory-and-api.md`` §A1 ("what an engine really
-occupies on a GPU")::
+The model follows how vLLM 0.32's V1 engine sizes itself on a CUDA GPU
+(``Worker.determine_available_memory``, then ``get_kv_cache_configs``), term by term::
 
     footprint = CUDA context                      (outside gpu_memory_utilization)
               + weights / TP

@@ -14,7 +14,7 @@ the deploy *jointly* with the pending ones and keeps only the deploy's own part:
    a time, to the resident whose utility gains most per byte; a local search then moves one
    deploy to another GPU, or swaps two, while that places more deploys or raises the total
    utility. Utility is the square root of the deploy's planned output tokens/s (the roofline
-   of ``planner.Throughput``): diminishing returns, so one model with a cheap KV cache does
+   of ``throughput.Throughput``): diminishing returns, so one model with a cheap KV cache does
    not take every free byte, and a big model is not starved for a small one's sake (the
    plain sum would give a 1B model 1000 sequences and leave the rest at the floor;
    proportional fairness, the sum of logs, gave everyone fewer sequences than a
@@ -42,17 +42,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from hive_apps.planning.placement import PLACEMENT_POLICY_KEY, capacity, kind_problem, taint_problem
 from hive_apps.planning.profile import ModelProfile
+from hive_apps.planning.sizing import Sizer
+from hive_apps.planning.throughput import device_perf
 from hive_apps.planning.types import DeviceCapacity, PlanningError
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.spec import ModelSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hive_apps.planning.planner import _Sizer
-
 
 
 def utility(tps: float) -> float:
@@ -74,7 +72,7 @@ LADDER = tuple(sorted({max(1, round(1.125 ** k)) for k in range(0, 60)}))  # ~12
 @dataclass
 class _Item:
     key: str
-    sizer: "_Sizer"
+    sizer: Sizer
     profile: ModelProfile
     need: int  # smallest GPU footprint at tp=1
     eligible: set[str]
@@ -102,7 +100,7 @@ def modellable(spec: ModelSpec) -> bool:
             and spec.vllm_kwargs.get("gpu_memory_utilization") is None)
 
 
-def joint_slot(spec: ModelSpec, sizer: "_Sizer", pending: Sequence[tuple[ModelSpec, ModelProfile]],
+def joint_slot(spec: ModelSpec, sizer: Sizer, pending: Sequence[tuple[ModelSpec, ModelProfile]],
                devices: list[DeviceCapacity], make_sizer, budget_is_applied: bool,
                normal_use: dict[str, int]) -> Slot | None:
     """The GPU and byte budget of ``spec`` in the joint plan with ``pending``; None: keep the normal plan.
@@ -147,16 +145,16 @@ def joint_slot(spec: ModelSpec, sizer: "_Sizer", pending: Sequence[tuple[ModelSp
                 pending=len(items) - 1)
 
 
-def _item(key: str, spec: ModelSpec, profile: ModelProfile, sizer: "_Sizer",
+def _item(key: str, spec: ModelSpec, profile: ModelProfile, sizer: Sizer,
           gpus: list[DeviceCapacity], caps: dict[str, int]) -> _Item | None:
     eligible = {dc.device.id for dc in gpus
                 if not (kind_problem(dc, spec.engine) or taint_problem(profile, dc))}
     if not eligible:
         return None
     try:
-        tokens = max(RANK_TOKENS, sizer._token_candidates(False)[0])
-        frame = sizer._frame(False, 1, tokens)
-        cap = sizer._seq_cap(False, tokens)
+        tokens = max(RANK_TOKENS, sizer.token_candidates(False)[0])
+        frame = sizer.frame(False, 1, tokens)
+        cap = sizer.seq_cap(False, tokens)
         pooling = profile.runner == "pooling" or sizer.output_len == 0
         fixed = None
         if sizer.ov.max_num_seqs or sizer.seq_target or frame.per_seq == 0 or sizer.ov.kv_cache_memory_bytes:
@@ -194,13 +192,11 @@ class _Solver:
     # ---- one device ---------------------------------------------------------------------------
 
     def _score(self, it: _Item, dev: str, seqs: int) -> float:
-        from hive_apps.planning.planner import _perf
-
         key = (it.key, dev)
         perf = self._perf.get(key)
         if perf is None:
-            perf = self._perf[key] = _perf([self.devices[dev]], False, 1, it.sizer._eager(False), it.profile)
-        return it.sizer._score(perf, 1, it.tokens, seqs)
+            perf = self._perf[key] = device_perf([self.devices[dev]], False, 1, it.sizer.eager(False), it.profile)
+        return it.sizer.score(perf, 1, it.tokens, seqs)
 
     def _bytes(self, it: _Item, seqs: int) -> int:
         return it.frame.total(seqs, it.sizer.ov.kv_cache_memory_bytes)

@@ -53,6 +53,7 @@ from hive_apps.registry.records import (
     Reservation,
     ReservationState,
     SleepMode,
+    StoredModel,
     WakeReport,
 )
 
@@ -71,12 +72,15 @@ class TransitionError(Exception):
 
 @dataclass
 class Change:
-    """What one transition did, for the registry to persist and announce."""
+    """What one transition did, for the registry to persist (the record with ``reservations``: one KV
+    write) and announce."""
 
     model_id: str
     record: ModelRecord | None  # None: the record was removed
-    saved: list[Reservation] = field(default_factory=list)
-    forgotten: list[str] = field(default_factory=list)  # reservation keys
+    saved: list[Reservation] = field(default_factory=list)  # booked by this change (for logs)
+    forgotten: list[str] = field(default_factory=list)  # reservation keys released by it
+    # every reservation the model holds after the change, as the ledger had them then
+    reservations: list[Reservation] = field(default_factory=list)
 
 
 def heal_backoff_s(attempts: int, cap_s: float) -> float:
@@ -111,10 +115,30 @@ class ModelBook:
                             states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
         return list(states.values())
 
+    def restore(self, stored: list[StoredModel], legacy: list[Reservation]) -> tuple[set[str], dict[str, str]]:
+        """Rebuild the ledger at start from the stored models: each record's own reservations. A model
+        an older registry stored takes its reservations from the ``reservation/`` keys it wrote beside
+        the records (``legacy``), measured bytes and states as they were; any left unbooked (that layout
+        wrote a change key by key, so a crash could leave one behind) is released. Returns the models
+        whose stored value must be written again (older layout, or a reservation released) and what
+        was released, with why."""
+        own = {s.record.model_id: s.reservations for s in stored if s.reservations is not None}
+        self.ledger.reservations = {r.key: r for r in legacy if r.model_id not in own}
+        for model_id, rs in own.items():
+            self.ledger.reservations.update({r.key: r for r in rs if r.model_id == model_id})
+        owner = {k: r.model_id for k, r in self.ledger.reservations.items()}
+        gone = self.release_unbooked()
+        rewrite = {m for m in self.records if m not in own} | {owner[k] for k in gone}
+        return rewrite & set(self.records), gone
+
+    def snapshot(self, model_id: str) -> list[Reservation]:
+        """Copies of what the model books now: what its stored value holds beside the record."""
+        return [r.model_copy() for r in self.ledger.of_model(model_id)]
+
     def release_unbooked(self) -> dict[str, str]:
-        """Free the reservations no record accounts for, and say why for each. The KV writes of one
-        change land one by one, so a crash between them can leave a reservation behind a record that
-        already let it go (deleted, failed, parked, a replica lost or retired)."""
+        """Free the reservations no record accounts for, and say why for each: a record quarantined
+        with its reservations kept elsewhere, or reservations stored by an older registry, which wrote
+        a change key by key (a crash between them could leave one behind a record that let it go)."""
         gone = {}
         for r in list(self.ledger.reservations.values()):
             rec = self.records.get(r.model_id)
@@ -141,7 +165,11 @@ class ModelBook:
         rec.version += 1
         self.records[rec.model_id] = rec
         self.version += 1
-        return Change(rec.model_id, rec.model_copy(deep=True), list(saved), list(forgotten))
+        return Change(rec.model_id, rec.model_copy(deep=True), list(saved), list(forgotten), self.snapshot(rec.model_id))
+
+    def _same(self, rec: ModelRecord) -> Change:
+        """An idempotent transition that changed nothing (persisted again all the same)."""
+        return Change(rec.model_id, rec.model_copy(deep=True), reservations=self.snapshot(rec.model_id))
 
     def _release(self, keys: list[str]) -> list[str]:
         return [k for k in keys if self.ledger.release_key(k) is not None]
@@ -273,7 +301,7 @@ class ModelBook:
         """Delete wins over anything in flight: no version check; deleting twice is one delete."""
         rec = self._current(model_id, "delete", None, ANY)
         if rec.status is ModelStatus.DELETING and not rec.destroy_reason:
-            return Change(model_id, rec)
+            return self._same(rec)
         rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "stopping its engines, then releasing its reservations", ""
         return self._commit(rec)
 
@@ -337,7 +365,7 @@ class ModelBook:
         """Its engines are gone: release what they held, host RAM included. Idempotent."""
         rec = self._current(model_id, "parked", None, (ModelStatus.SLEEPING, ModelStatus.WAKING))
         if not rec.resident and rec.sleep_mode is SleepMode.PARKED:
-            return Change(model_id, rec)
+            return self._same(rec)
         forgotten = [r.key for r in self.ledger.release(model_id)]
         rec.resident, rec.lost_replicas, rec.healing_replicas, rec.retiring, rec.drift = False, {}, [], [], {}
         rec.sleep_mode, rec.wake_placed = SleepMode.PARKED, False
@@ -354,7 +382,7 @@ class ModelBook:
             raise TransitionError(f"wake: no model {model_id!r}", 404)
         if rec.status is not ModelStatus.SLEEPING:
             if rec.status in (*SERVING, ModelStatus.WAKING, ModelStatus.DEPLOYING):
-                return Change(model_id, rec.model_copy(deep=True))
+                return self._same(rec)
             raise TransitionError(f"wake: {model_id!r} is {rec.status.value}: {rec.message}")
         rec = rec.model_copy(deep=True)
         rec.status, rec.wake_requested_at, rec.starting_since = ModelStatus.WAKING, now, now

@@ -5,6 +5,29 @@ A thin shell around pure state: a ``Ledger`` (devices, reservations) and a ``Mod
 alive node through the cluster seam, writes every change through to Ray's internal KV (so a
 restarted replica comes back with every model, reservation and start lock), and lets the
 admin, the gateway and routers wait for changes (``watch``) instead of polling.
+
+What is stored, and why in one write. Ray's internal KV has no multi-key transaction, so a
+model and what it books live under one key, ``model/<id>``: the record's JSON plus the
+reservations it holds (``records.dump_stored``). Every change of a model (a transition, an
+engine's measured use, a pending booking expired) is one ``kv_put`` of that key: a crash lands
+all of it or none of it, so records and reservations can never disagree in the KV. The ledger
+is not stored on its own: at start it is rebuilt from the records (``ModelBook.restore``).
+
+The reservations are stored in the value, not recomputed from the plan at start, because the
+record does not determine them all: whether a booking is pending or active (a deleting record
+does not say whether it was still starting), when it was made (the pending TTL counts from it),
+what its engine measured (reported once, when it started), and which bookings a record holds
+at all (a failed deploy's record still lists its replicas). Their devices and bytes follow from
+the plan: ``ModelRecord.books`` checks each one read back against its record, and
+``POST /admin/reset`` rebuilds them from the plans (``ModelBook.rebuild_reservations``).
+
+An older registry stored reservations as separate ``reservation/<key>`` keys, written one by one
+after the record. At start they are read once: a record stored without reservations takes its
+own from them (measured bytes, state and age kept), any its record does not book is released
+(a crash between two of those writes), then each such record is written again with its
+reservations and the old keys are deleted, puts first: a crash in between leaves the old keys
+to a next start, which prefers the reservations inside the records. (An older registry started
+again on this layout sees no reservations: ``POST /admin/reset`` rebuilds them from the records.)
 """
 
 from __future__ import annotations
@@ -24,7 +47,7 @@ from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
 from hive_apps import metrics
-from hive_apps.registry.records import ModelRecord, Reservation
+from hive_apps.registry.records import ModelRecord, Reservation, StoredModel, dump_stored, load_stored
 from hive_apps.registry.samples import node_problems, sample_problems
 from hive_apps.registry.store import StateStore
 from hive_apps.settings import HiveSettings, get_settings
@@ -32,7 +55,7 @@ from hive_apps.settings import HiveSettings, get_settings
 log = logging.getLogger("ray.serve")
 
 MODEL_KEY = "model/"
-RESERVATION_KEY = "reservation/"
+RESERVATION_KEY = "reservation/"  # an older registry's reservations: read once at start, then deleted
 START_LOCKS_KEY = "start-locks"
 SAMPLE_TIMEOUT_S = 60.0
 WATCH_MAX_S = 60.0
@@ -74,13 +97,12 @@ class Registry:
         self.ledger = Ledger(self.settings.memory_budget_fraction)
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
         load = self.store.load_all_async
-        self.book = ModelBook(self.ledger, await load(MODEL_KEY, ModelRecord.from_stored))
+        stored = await load(MODEL_KEY, load_stored)
+        self.book = ModelBook(self.ledger, [s.record for s in stored])
         # Followers long-poll with the last version they saw; a restarted registry starts past any
         # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
         self.book.version = int(time.time() * 1000)
-        for r in await load(RESERVATION_KEY, Reservation.model_validate_json):
-            self.ledger.reservations[r.key] = r
-        await self._release_unbooked()
+        await self._restore(stored, await load(RESERVATION_KEY, Reservation.model_validate_json))
         for rec in self.book.records.values():
             if rec.policy_warning:
                 log.warning("%s: %s", rec.model_id, rec.policy_warning)
@@ -103,17 +125,21 @@ class Registry:
 
     # --- persistence and announcements -------------------------------------------------
     async def _persist(self, changes: list[Change]) -> None:
-        puts: dict[str, BaseModel] = {}
+        """Each changed model is one KV write: its record with the reservations it holds."""
+        puts: dict[str, BaseModel | bytes] = {}
         deletes: list[str] = []
         for c in changes:
             if c.record is not None:
-                puts[MODEL_KEY + c.model_id] = c.record
+                puts[MODEL_KEY + c.model_id] = dump_stored(c.record, c.reservations)
             elif c.model_id not in self.book.records:
                 deletes.append(MODEL_KEY + c.model_id)
-            puts.update({RESERVATION_KEY + r.key: r for r in c.saved})
-            deletes += [RESERVATION_KEY + k for k in c.forgotten]
         await self.store.write(puts, deletes)
         await self._announce()
+
+    async def _rewrite(self, model_ids: set[str], deletes: list[str] = ()) -> None:
+        """Store these models again as they are now (their bookings changed outside a transition)."""
+        await self.store.write({MODEL_KEY + m: dump_stored(self.book.records[m], self.ledger.of_model(m))
+                                for m in sorted(model_ids) if m in self.book.records}, deletes)
 
     async def _announce(self) -> None:
         async with self.changed:
@@ -196,15 +222,17 @@ class Registry:
         for r in gone:
             log.warning("released %s: its engine never came up", r.key)
         if gone:
-            await self.store.write({}, [RESERVATION_KEY + r.key for r in gone])
+            await self._rewrite({r.model_id for r in gone})
 
-    async def _release_unbooked(self) -> None:
-        """Free what no record holds (a change cut off between its KV writes, a quarantined record)."""
-        gone = self.book.release_unbooked()
+    async def _restore(self, stored: list[StoredModel], legacy: list[Reservation]) -> None:
+        """The ledger from the records; an older registry's reservation keys folded in, then deleted."""
+        rewrite, gone = self.book.restore(stored, legacy)
         for key, why in gone.items():
             log.warning("released reservation %s: %s", key, why)
-        if gone:
-            await self.store.write({}, [RESERVATION_KEY + k for k in gone])
+        if legacy:
+            log.info("moved %d reservations from %s keys into their models' records", len(legacy), RESERVATION_KEY)
+        if rewrite or legacy:
+            await self._rewrite(rewrite, [RESERVATION_KEY + r.key for r in legacy])
 
     async def _release_dead_nodes(self, all_nodes: list[NodeInfo]) -> None:
         """Free what replicas on dead nodes held, and say so in their models' status."""
@@ -285,7 +313,7 @@ class Registry:
     async def report_usage(self, key: str, measured_bytes: int) -> None:
         r = self.ledger.report_usage(key, measured_bytes)
         if r is not None:
-            await self.store.write({RESERVATION_KEY + r.key: r})
+            await self._rewrite({r.model_id})
 
     async def _save_start_locks(self) -> None:
         await self.store.write({START_LOCKS_KEY: StartLockState(held=self.start_locks.held)})
@@ -310,11 +338,9 @@ class Registry:
         self.ledger.devices.clear()
         await off_loop(self.cluster.reset_monitors, timeout=SAMPLE_TIMEOUT_S)
         await self.sample_once()
-        old = dict(self.ledger.reservations)
-        measured = {k: r.measured_bytes for k, r in old.items()}
-        rebuilt = self.book.rebuild_reservations(measured)
-        await self.store.write({RESERVATION_KEY + r.key: r for r in rebuilt},
-                               [RESERVATION_KEY + k for k in old if k not in self.ledger.reservations])
+        measured = {k: r.measured_bytes for k, r in self.ledger.reservations.items()}
+        self.book.rebuild_reservations(measured)
+        await self._rewrite(set(self.book.records))
         await self._announce()
         return {"devices": len(self.ledger.devices), "reservations": len(self.ledger.reservations)}
 

@@ -1,8 +1,14 @@
-"""Durable records the registry keeps: reservations and deployed models."""
+"""Durable records the registry keeps: reservations and deployed models.
+
+A model's KV value is its record with the reservations it books (``dump_stored``): one key per
+model, so every change of a model, its bookings included, is one atomic KV write.
+"""
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
@@ -221,3 +227,29 @@ _StoredSpec = create_model(
     **{name: (f.annotation, Field(default_factory=f.default_factory) if f.default_factory else f.default)
        for name, f in ModelSpec.model_fields.items()})
 _StoredRecord = create_model("StoredModelRecord", __base__=ModelRecord, spec=(_StoredSpec, ...))
+
+
+class _Bookings(BaseModel):
+    """What a model's stored value holds beside its record (every other key is the record's)."""
+
+    # None: a value stored before reservations moved into it (they were ``reservation/<key>`` keys then)
+    reservations: list[Reservation] | None = None
+
+
+@dataclass
+class StoredModel:
+    record: ModelRecord
+    reservations: list[Reservation] | None  # None: stored by an older registry (read its reservation keys)
+
+
+def dump_stored(rec: ModelRecord, reservations: list[Reservation]) -> bytes:
+    """A model's KV value: the record's own JSON plus the reservations it books, so a reader of the
+    record alone (``ModelRecord.from_stored``, an older registry) ignores them."""
+    body = rec.model_dump(mode="json")
+    body["reservations"] = [r.model_dump(mode="json") for r in reservations if r.model_id == rec.model_id]
+    return json.dumps(body).encode()
+
+
+def load_stored(raw: bytes) -> StoredModel:
+    """A model's KV value read back (raises, like ``ModelRecord.from_stored``, when it does not parse)."""
+    return StoredModel(ModelRecord.from_stored(raw), _Bookings.model_validate_json(raw).reservations)

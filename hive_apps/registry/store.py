@@ -1,7 +1,9 @@
 """Durable key-value state in Ray's GCS (internal KV, through the cluster seam).
 
 Writes go through one thread in order, so a newer record is never overwritten by an older
-one, and each has a deadline, so the registry's event loop never waits on the GCS.
+one, and each has a deadline, so the registry's event loop never waits on the GCS. The KV has
+no multi-key transaction: what must change together is kept under one key (a model's record
+and its reservations, ``records.dump_stored``), so one ``kv_put`` changes all of it or nothing.
 A stored value that no longer parses (corrupt, or written by another schema version) is
 moved aside under ``quarantine/`` with a warning instead of stopping the registry; what
 parsing means is the caller's (a model record is read without today's policy validators).
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from hive_apps.cluster import Cluster
 
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T")
 log = logging.getLogger("ray.serve")
 
 QUARANTINE = "quarantine/"
@@ -32,10 +34,12 @@ class StateStore:
         self.timeout_s = timeout_s
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hive-kv")
 
-    async def write(self, puts: dict[str, BaseModel], deletes: list[str] = ()) -> None:
-        """Queue every write of one change before waiting on any, so changes land in order."""
+    async def write(self, puts: dict[str, BaseModel | bytes], deletes: list[str] = ()) -> None:
+        """Queue every write (puts first, then deletes) before waiting on any, so writes land in order.
+        Each key lands on its own: a crash may cut a call between two of them."""
         loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self._writer, self.cluster.kv_put, self.namespace, k, v.model_dump_json().encode())
+        futures = [loop.run_in_executor(self._writer, self.cluster.kv_put, self.namespace, k,
+                                        v if isinstance(v, bytes) else v.model_dump_json().encode())
                    for k, v in puts.items()]
         futures += [loop.run_in_executor(self._writer, self.cluster.kv_delete, self.namespace, k) for k in deletes]
         if futures:

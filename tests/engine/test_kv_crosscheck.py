@@ -687,7 +687,7 @@ def test_mla_model_types_and_quantization_methods_are_vllms():
     from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
 
     from hive_apps.planning.profile.families import VLLM_MLA_MODEL_TYPES
-    from hive_apps.planning.profile.quant import VLLM_QUANTIZATION_METHODS
+    from hive_apps.planning.profile.model import VLLM_QUANTIZATION_METHODS
 
     for model_type in VLLM_MLA_MODEL_TYPES | {"minicpm3", "llama", "qwen3", "sarvam_mla", "deepseek"}:
         text = SimpleNamespace(model_type=model_type, kv_lora_rank=128)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hive_apps import names
-from hive_apps.cluster import AppState, NodeInfo
+from hive_apps.cluster import AppBuilder, AppState, NodeInfo
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.planning.deployment import plan_or_error
 from hive_apps.planning.types import Plan
@@ -116,6 +116,7 @@ class FakeCluster:
         self.kv: dict[tuple[str, str], bytes] = {}
         self.dies_at: str | None = None  # the registry "dies" at the first KV write of a key with this prefix
         self.died = False  # ... and every write after it is lost, until a test clears both
+        self.writes_left: int | None = None  # or it dies once this many more KV writes landed
         self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner())}
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
         self.deleted: list[str] = []
@@ -159,7 +160,8 @@ class FakeCluster:
         return out
 
     def run_model_app(self, model_id: str, plan: Plan, max_queued_requests: int | None,
-                      generations: dict[int, int] | None = None) -> None:
+                      generations: dict[int, int] | None = None, build: AppBuilder | None = None) -> None:
+        """Records the plan; ``build`` (the admin's Serve app builder) is not called: there is no Serve."""
         app = self.apps.get(model_id)
         self.apps[model_id] = FakeApp(plan=plan, builds=(app.builds + 1) if app else 1, generations=dict(generations or {}))
 
@@ -211,7 +213,9 @@ class FakeCluster:
         return self.kv.get((namespace, key))
 
     def _lands(self, key: str) -> None:
-        self.died = self.died or (self.dies_at is not None and key.startswith(self.dies_at))
+        self.died = self.died or (self.dies_at is not None and key.startswith(self.dies_at)) or self.writes_left == 0
+        if self.writes_left:
+            self.writes_left -= 1
         if self.died:
             raise ConnectionError(f"the registry died before writing {key}")
 

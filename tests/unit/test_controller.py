@@ -17,7 +17,7 @@ from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import POLL_S, Reconciler
 from hive_apps.cluster import AppState, set_cluster
 from hive_apps.registry.deployment import Registry
-from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState
+from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState, load_stored
 from hive_apps.settings import HiveSettings, get_settings
 from hive_apps.spec import ModelSpec
 from tests.unit.fake_cluster import FakeCluster
@@ -463,27 +463,41 @@ async def test_a_record_that_does_not_parse_is_quarantined_with_its_reservations
     assert hive.reserved("bad") == {} and (ns, "reservation/bad/r0") not in hive.cluster.kv
 
 
-@pytest.mark.parametrize("transition", ["deleted", "fail"])
-async def test_reservations_a_crash_left_without_their_record_are_released_at_start(hive, caplog, transition):
-    """One change's KV writes land one by one: a registry that dies after the record's write and before
-    the reservation's leaves a reservation its record already let go (no record, or a failed one)."""
+async def test_reservations_an_older_registry_stored_apart_move_into_their_records(hive, caplog):
+    """An older registry kept each reservation under its own ``reservation/`` key, written after the
+    record: a restart folds them into their records (measured use, state and age kept), releases what
+    a crash between those writes left behind, and deletes the old keys."""
     ns = SETTINGS.state_namespace
     await hive.deploy("m", gpu="node-a:gpu0")
-    kwargs = {"reason": "engine start failed"} if transition == "fail" else {}
-    if transition == "deleted":
-        await hive.settle("m")
-        await hive.registry.transition("delete", "m")
-    hive.cluster.dies_at = "reservation/"
-    with pytest.raises(ConnectionError):
-        await hive.registry.transition(transition, "m", version=(await hive.registry.get_model("m")).version, **kwargs)
-    hive.cluster.dies_at, hive.cluster.died = None, False
-    assert (ns, "reservation/m/r0") in hive.cluster.kv
+    assert (await hive.settle("m")).status is ModelStatus.READY
+    await hive.registry.report_usage("m/r0", 5 * 2**30)
+    hive.cluster.start_mode["f"] = "fail"
+    await hive.deploy("f", gpu="node-b:gpu0")
+    stale = hive.reserved("f")["f/r0"].model_copy()
+    assert (await hive.settle("f")).status is ModelStatus.FAILED
+    booked = {k: r.model_dump() for k, r in hive.reserved("m").items()}
+    for key in [k for n, k in hive.cluster.kv if n == ns and k.startswith("model/")]:  # the older layout
+        stored = load_stored(hive.cluster.kv[(ns, key)])
+        hive.cluster.kv[(ns, key)] = stored.record.model_dump_json().encode()
+        for r in stored.reservations:
+            hive.cluster.kv[(ns, "reservation/" + r.key)] = r.model_dump_json().encode()
+    # a crash between the failed deploy's record and its reservation's delete; a record gone before it
+    hive.cluster.kv[(ns, "reservation/f/r0")] = stale.model_dump_json().encode()
+    hive.cluster.kv[(ns, "reservation/x/r0")] = stale.model_copy(update={"model_id": "x"}).model_dump_json().encode()
     with caplog.at_level(logging.WARNING, logger="ray.serve"):
         await hive.start_registry()
-    assert hive.reserved("m") == {} and (ns, "reservation/m/r0") not in hive.cluster.kv
-    assert "released reservation m/r0" in caplog.text
-    rec = await hive.registry.get_model("m")
-    assert rec is None if transition == "deleted" else rec.status is ModelStatus.FAILED
+    assert {k: r.model_dump() for k, r in hive.reserved("m").items()} == booked
+    assert booked["m/r0"]["measured_bytes"] == 5 * 2**30 and booked["m/r0"]["state"] == ReservationState.ACTIVE
+    assert set(hive.registry.ledger.reservations) == {"m/r0"}
+    assert "released reservation f/r0: its record (failed) does not hold it" in caplog.text
+    assert "released reservation x/r0: no record of its model" in caplog.text
+    assert not [k for n, k in hive.cluster.kv if k.startswith("reservation/")]
+    assert [r.key for r in load_stored(hive.cluster.kv[(ns, "model/m")]).reservations] == ["m/r0"]
+    assert load_stored(hive.cluster.kv[(ns, "model/f")]).reservations == []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        await hive.start_registry()  # and again: nothing left to move or release
+    assert {k: r.model_dump() for k, r in hive.reserved("m").items()} == booked and caplog.text == ""
 
 
 async def test_a_retiring_replica_whose_node_dies_is_not_healed_back(hive):
@@ -502,3 +516,49 @@ async def test_a_retiring_replica_whose_node_dies_is_not_healed_back(hive):
     assert [rp.index for rp in rec.plan.replicas] == [0] and rec.status is ModelStatus.READY
     assert rec.lost_replicas == {} and rec.retiring == [] and set(hive.reserved("m")) == {"m/r0"}
     assert [rp.index for rp in hive.cluster.apps["m"].plan.replicas] == [0]
+
+
+async def _before_crash(hive: Hive, transition: str) -> dict:
+    """Bring model m to where ``transition`` starts; return that transition's arguments."""
+    if transition == "create":
+        return {}
+    await hive.deploy("m", gpu="node-a:gpu0")
+    if transition == "started":
+        await hive.step("m")  # its app is built
+    elif transition == "deleted":
+        await hive.settle("m")
+        await hive.registry.transition("delete", "m")
+    version = (await hive.registry.get_model("m")).version
+    return {"version": version, **({"reason": "engine start failed"} if transition == "fail" else {})}
+
+
+@pytest.mark.parametrize("writes", [0, 1, 2])
+@pytest.mark.parametrize("transition", ["create", "started", "fail", "deleted"])
+async def test_a_crash_in_the_middle_of_a_change_leaves_record_and_reservations_agreeing(hive, caplog, transition,
+                                                                                          writes):
+    """The registry dies after ``writes`` KV writes of one change: restarted, it holds the model's record
+    and reservations as they were before the change or as the change left them, never a mix (a record
+    deploying without its booking, a booking its record already let go), and it releases nothing to
+    make them agree."""
+    kwargs = await _before_crash(hive, transition)
+
+    def state() -> tuple:
+        rec = hive.registry.book.records.get("m")
+        return rec and rec.model_dump(), {k: r.model_dump() for k, r in hive.reserved("m").items()}
+
+    before = state()
+    hive.cluster.writes_left = writes
+    try:
+        if transition == "create":
+            await hive.deploy("m", gpu="node-a:gpu0")
+        else:
+            await hive.registry.transition(transition, "m", **kwargs)
+    except ConnectionError:  # the registry died here; what it held in memory is the change's end
+        pass
+    after = state()
+    assert after != before
+    hive.cluster.writes_left, hive.cluster.died = None, False
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        await hive.start_registry()
+    assert state() in (before, after)
+    assert "released reservation" not in caplog.text

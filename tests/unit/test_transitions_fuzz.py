@@ -12,9 +12,10 @@ re-joining under their name) and registry restarts, against a small cluster. Aft
   and the book's version never goes down;
 * a refused transition (``TransitionError``) changes nothing; a stale version is always refused;
   anything else raised is a bug;
-* what was persisted (each ``Change`` applied to a KV "store" the way ``Registry._persist`` does)
-  is exactly the book and its ledger, and a registry restarted from it (as ``Registry.__init__``
-  rebuilds one) holds the same records and reservations.
+* what was persisted (each ``Change`` applied to a KV "store" the way ``Registry._persist`` does:
+  one value per model, its record with its reservations) is exactly the book and its ledger, and a
+  registry restarted from it (``ModelBook.restore``, as ``Registry.__init__``) holds the same records
+  and reservations, also from a store in the older layout (reservations under keys of their own).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from hive_apps.registry.records import (
     ModelStatus,
     Reservation,
     SleepMode,
+    dump_stored,
+    load_stored,
 )
 from hive_apps.spec import ModelSpec
 
@@ -137,18 +140,17 @@ class Transitions(RuleBasedStateMachine):
 
     # --- persistence, as Registry._persist ----------------------------------------------------------
     def _persist(self, changes: list[Change]) -> None:
-        puts: dict[str, str] = {}
-        deletes: list[str] = []
+        """One KV write per changed model: its record with the reservations it holds."""
         for c in changes:
             if c.record is not None:
-                puts[MODEL_KEY + c.model_id] = c.record.model_dump_json()
+                self.store[MODEL_KEY + c.model_id] = dump_stored(c.record, c.reservations).decode()
             elif c.model_id not in self.book.records:
-                deletes.append(MODEL_KEY + c.model_id)
-            puts.update({RESERVATION_KEY + r.key: r.model_dump_json() for r in c.saved})
-            deletes += [RESERVATION_KEY + k for k in c.forgotten]
-        self.store.update(puts)  # StateStore.write queues the puts, then the deletes, on one writer
-        for k in deletes:
-            self.store.pop(k, None)
+                self.store.pop(MODEL_KEY + c.model_id, None)
+
+    def _rewrite(self, model_id: str) -> None:
+        """As Registry._rewrite: the model stored again with its reservations as they are now."""
+        self.store[MODEL_KEY + model_id] = dump_stored(self.book.records[model_id],
+                                                      self.ledger.of_model(model_id)).decode()
 
     def _snapshot(self) -> tuple:
         return (self.book.version, {k: r.model_dump() for k, r in self.book.records.items()},
@@ -481,31 +483,44 @@ class Transitions(RuleBasedStateMachine):
         if keys:
             r = self.ledger.report_usage(data.draw(st.sampled_from(keys)), 0)
             r.measured_bytes = int(share * r.bytes_per_device)
-            self.store[RESERVATION_KEY + r.key] = r.model_dump_json()
+            self._rewrite(r.model_id)
 
     @rule()
     def drift(self):
         self._do(lambda: self.book.drift(self.ledger.drifted()))
 
+    @rule(data=st.data())
+    def upgrade(self, data):
+        """A registry of this version starts on a store an older one wrote: some records alone, their
+        reservations under keys of their own (the restart moves them back into the records)."""
+        for k in [k for k in sorted(self.store) if k.startswith(MODEL_KEY) and data.draw(st.booleans())]:
+            stored = load_stored(self.store[k].encode())
+            self.store[k] = stored.record.model_dump_json()
+            self.store.update({RESERVATION_KEY + r.key: r.model_dump_json() for r in stored.reservations})
+        self.restart()
+
     @rule()
     def restart(self):
         """A new registry replica: everything read back from the KV, as Registry.__init__ does."""
         ledger = Ledger(BUDGET)
-        records = [ModelRecord.from_stored(v.encode()) for k, v in sorted(self.store.items()) if k.startswith(MODEL_KEY)]
-        book = ModelBook(ledger, records)
+        stored = [load_stored(v.encode()) for k, v in sorted(self.store.items()) if k.startswith(MODEL_KEY)]
+        legacy = [Reservation.model_validate_json(v) for k, v in sorted(self.store.items())
+                  if k.startswith(RESERVATION_KEY)]
+        book = ModelBook(ledger, [s.record for s in stored])
         book.version = self.book.version + 1000  # past any version its predecessor reached
-        for k, v in sorted(self.store.items()):
-            if k.startswith(RESERVATION_KEY):
-                r = Reservation.model_validate_json(v)
-                ledger.reservations[r.key] = r
-        gone = book.release_unbooked()
+        rewrite, gone = book.restore(stored, legacy)
         assert gone == {}, f"a restart released reservations the book still held: {gone}"
+        assert rewrite == {s.record.model_id for s in stored if s.reservations is None}
         self._sample_nodes(ledger)
         assert {k: r.model_dump() for k, r in book.records.items()} == \
                {k: r.model_dump() for k, r in self.book.records.items()}, "the restarted book's records differ"
         assert {k: r.model_dump() for k, r in ledger.reservations.items()} == \
                {k: r.model_dump() for k, r in self.ledger.reservations.items()}, "the restarted ledger differs"
         self.book, self.ledger = book, ledger
+        for model_id in rewrite:  # the older layout migrated, as Registry._restore does
+            self._rewrite(model_id)
+        for r in legacy:
+            del self.store[RESERVATION_KEY + r.key]
 
     # --- invariants ----------------------------------------------------------------------------
     @invariant()
@@ -544,11 +559,12 @@ class Transitions(RuleBasedStateMachine):
 
     @invariant()
     def the_store_is_the_book(self):
-        stored = {k[len(MODEL_KEY):]: ModelRecord.from_stored(v.encode()).model_dump()
-                  for k, v in self.store.items() if k.startswith(MODEL_KEY)}
-        assert stored == {k: r.model_dump() for k, r in self.book.records.items()}, "records not persisted"
-        stored = {k[len(RESERVATION_KEY):]: Reservation.model_validate_json(v).model_dump()
-                  for k, v in self.store.items() if k.startswith(RESERVATION_KEY)}
+        models = [load_stored(v.encode()) for k, v in self.store.items() if k.startswith(MODEL_KEY)]
+        assert {s.record.model_id: s.record.model_dump() for s in models} == \
+               {k: r.model_dump() for k, r in self.book.records.items()}, "records not persisted"
+        assert all(s.reservations is not None for s in models) and not [k for k in self.store
+                                                                         if k.startswith(RESERVATION_KEY)]
+        stored = {r.key: r.model_dump() for s in models for r in s.reservations}
         assert stored == {k: r.model_dump() for k, r in self.ledger.reservations.items()}, \
             "reservations not persisted"
 

@@ -1,12 +1,14 @@
 """What the planner must know about a model, read from its Hugging Face config only.
 
-No weights are read and nothing is downloaded. The package derives, the way vLLM 0.32 does (see
-``/work/shared/research/vllm-memory-and-api.md`` §A2/§A4):
+No weights are read and nothing is downloaded. The package derives, the way vLLM 0.32 does (KV
+bytes per token as its layers' ``get_kv_cache_spec`` compute them; weight bytes from the stored
+tensors' sizes with each quantization format's packing, since vLLM measures them while loading):
 
 * ``model.py``: the data model (``ModelProfile``, cache groups, parameters by role) and the
   figures derived from it: KV bytes per token, weights per rank, vLLM's block pool per request
   (cross-checked against vLLM's own spec code by tests/engine/test_kv_crosscheck.py);
-* ``config.py``: loading a local folder, a cached Hugging Face name or a parsed dict;
+* ``config.py``: reading a local folder, a cached Hugging Face name or a parsed dict; ``load.py``: the
+  entry points (``load_profile``, ``profile_from_config_dict``) that read one and build its profile;
 * ``fields.py``: reading one config field without guessing (per-layer lists and transformers 5
   per-layer configs become a 422 naming the field);
 * ``quant.py``: which quantization config vLLM applies, packed weight sizes, the KV cache dtype;
@@ -24,10 +26,10 @@ Every ``hive_*`` key is the hive's, never vLLM's: the planner strips them from t
 """
 
 from hive_apps.planning.multimodal import MmItem, TowerInfo
-from hive_apps.planning.profile.config import load_profile, profile_from_config_dict
+from hive_apps.planning.profile.load import load_profile, profile_from_config_dict
 from hive_apps.planning.profile.families import Family
 from hive_apps.planning.profile.model import AttentionGroup, ModelProfile, ParamCounts, QuantScheme, StateGroup
-from hive_apps.planning.profile.quant import VLLM_QUANTIZATION_METHODS
+from hive_apps.planning.profile.model import VLLM_QUANTIZATION_METHODS
 
 __all__ = [
     "AttentionGroup", "Family", "ModelProfile", "ParamCounts", "QuantScheme", "StateGroup", "TowerInfo", "MmItem",

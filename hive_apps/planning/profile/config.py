@@ -1,8 +1,8 @@
-"""Config loading: a local folder, a Hugging Face name already in the local cache, or a parsed dict.
+"""Config reading: a local folder, a Hugging Face name already in the local cache, or a parsed dict.
 
 No weights are read and nothing is downloaded. ``transformers.AutoConfig`` builds the config
 when it knows the model type (so its defaults apply, as they do in vLLM); otherwise every raw
-key is kept on a bare ``PretrainedConfig``.
+key is kept on a bare ``PretrainedConfig``. ``load.py`` builds the profile from what is read here.
 """
 
 from __future__ import annotations
@@ -12,39 +12,6 @@ import os
 from typing import Any
 
 from hive_apps.planning.types import PlanningError
-
-
-def load_profile(model: str, vllm_kwargs: dict[str, Any] | None = None):
-    """Profile a local model folder, or a Hugging Face name already in the local cache (no network)."""
-    from hive_apps.planning.profile.build import build_or_422
-
-    vllm_kwargs = dict(vllm_kwargs or {})
-    folder = resolve_local_folder(model)
-    config_path = os.path.join(folder, "config.json")
-    try:
-        with open(config_path) as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise PlanningError(f"model {model!r}: cannot read {config_path}: {exc}", 422) from exc
-    require_object(raw, f"model {model!r}: {config_path}")
-    try:
-        from transformers import AutoConfig
-
-        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
-    except Exception:  # custom code or a model type transformers does not know: read the raw fields
-        cfg = generic_config(raw)
-    return build_or_422(cfg, raw, model=model, path=folder, vllm_kwargs=vllm_kwargs)
-
-
-def profile_from_config_dict(d: dict[str, Any], path: str = "",
-                             vllm_kwargs: dict[str, Any] | None = None,
-                             model: str | None = None):
-    """Profile a parsed ``config.json`` (side files such as hf_quant_config.json are read from ``path``)."""
-    from hive_apps.planning.profile.build import build_or_422
-
-    require_object(d, f"model {model or path!r}: config.json")
-    return build_or_422(config_from_dict(d), d, model=model or path or d.get("_name_or_path", ""),
-                        path=path, vllm_kwargs=dict(vllm_kwargs or {}))
 
 
 def require_object(raw: Any, what: str) -> None:

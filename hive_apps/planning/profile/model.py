@@ -94,6 +94,16 @@ class ParamCounts(BaseModel):
                 + self.mixer + self.small + self.towers)
 
 
+# vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods in vLLM 0.32 (no bitsandbytes:
+# ModelConfig answers "Unknown quantization method: bitsandbytes").
+VLLM_QUANTIZATION_METHODS = frozenset({
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8",
+})
+
 ROLES = ("embed", "lm_head", "attention", "attention_rep", "mlp", "experts", "mixer", "small", "towers")
 
 
@@ -110,8 +120,6 @@ class QuantScheme(BaseModel):
     @property
     def vllm_supported(self) -> bool:
         """Whether vLLM 0.32 has this quantization method (bitsandbytes is gone from it)."""
-        from hive_apps.planning.profile.quant import VLLM_QUANTIZATION_METHODS
-
         return self.method in VLLM_QUANTIZATION_METHODS
 
 

@@ -25,16 +25,6 @@ from hive_apps.planning.profile.config import read_json
 from hive_apps.planning.profile.fields import DTYPE_BYTES, Unmodelled, dtype_name, get
 from hive_apps.planning.profile.model import QuantScheme
 
-# vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods in vLLM 0.32 (no bitsandbytes:
-# ModelConfig answers "Unknown quantization method: bitsandbytes").
-VLLM_QUANTIZATION_METHODS = frozenset({
-    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
-    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
-    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
-    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
-    "nvfp4_per_token", "mxfp8",
-})
-
 # KV cache element sizes by vLLM ``kv_cache_dtype`` whose page is dense (vllm/utils/torch_utils.py
 # STR_DTYPE_TO_TORCH_DTYPE; fp8 variants are stored as uint8). MLA packed formats have a fixed size per token.
 KV_DTYPE_BYTES: dict[str, float] = {
