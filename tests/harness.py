@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from hive_apps.serve_env import ray_head_env
+from hive_apps.serve_env import SERVE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "test-admin-token"
@@ -90,9 +90,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "HIVE_DEPLOY_TIMEOUT_S": "600",
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.request_ids.proxy_middlewares",
         "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
-        # Serve's settings as every hive runs them (hive_apps/serve_env.py), with Serve's HAProxy
-        # ingress in front as the quickstart and the manifests run it (ray[serve] brings the binary)
-        **ray_head_env({}),
+        **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/serve_env.py)
         "HIVE_WEIGHTS_CACHE": tempfile.mkdtemp(prefix="hive-weights-"),  # never the user's own cache
         **(env or {}),
     })
