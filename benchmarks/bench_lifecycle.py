@@ -67,12 +67,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hive_apps.lifecycle import (  # noqa: E402
-    Activity, Candidate, choose_victims, cold_start_s, eviction_order, idle_since, protection_ends,
-    sleep_due, update_activity, wake_s,
+    Activity,
+    Candidate,
+    choose_victims,
+    cold_start_s,
+    eviction_order,
+    idle_since,
+    protection_ends,
+    sleep_due,
+    update_activity,
+    wake_s,
 )
 from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import load_profile  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
 from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
 from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402

@@ -73,8 +73,8 @@ os.environ.setdefault("HIVE_HOOK_PACKAGES", "__main__")
 from hive_apps.planning import memory as mem  # noqa: E402
 from hive_apps.planning.placement import capacity  # noqa: E402
 from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import ModelProfile, load_profile  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
 from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
 from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
@@ -186,7 +186,7 @@ def run_hive(profiles: dict[str, ModelProfile], catalog: list[tuple], order: str
     specs = [(ModelSpec(model_id=model_id, model=os.path.join(FIXTURES, folder), engine="sim",
                         max_input_prompt_length=inp, max_output_prompt_length=outp, vllm_kwargs=kwargs),
               profiles[folder]) for model_id, folder, inp, outp in catalog]
-    for k, (model_id, folder, inp, outp) in enumerate(catalog):
+    for k, (model_id, folder, _inp, _outp) in enumerate(catalog):
         profile = profiles[folder]
         spec = specs[k][0]
         try:

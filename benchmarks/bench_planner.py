@@ -85,7 +85,7 @@ def main() -> None:
         ("Llama-3.1-70B, TP escalation", "meta-llama__Llama-3.1-70B", {}),
     ]:
         spec = ModelSpec(model_id="bench", model=os.path.join(FIXTURES, name), engine="sim", **fields)
-        seconds, plan = timed(lambda: plan_deployment(spec, cluster, profiles[name]), repeat=7)
+        seconds, plan = timed(lambda spec=spec, name=name: plan_deployment(spec, cluster, profiles[name]), repeat=7)
         tp = plan.replicas[0].settings.tensor_parallel_size
         rows.append((f"{label} over {len(cluster)} GPUs", f"{seconds * 1000:.1f} ms",
                      f"{len(plan.replicas)} replicas (tp={tp}), {len(plan.rejected)} rejected"))

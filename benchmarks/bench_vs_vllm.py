@@ -442,7 +442,7 @@ def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tu
     log = open(workdir / "ray-start.log", "w")
     t0 = time.time()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    tree = trees["hive"] = Tree(proc)
+    trees["hive"] = Tree(proc)
     config = yaml.safe_load((ROOT / "serve_configs" / "hive.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": ports["http"]}
     cfg_path = workdir / "hive.yaml"

@@ -25,9 +25,9 @@ sys.path.insert(0, ROOT)
 from hive_apps.planning import memory as mem  # noqa: E402
 from hive_apps.planning.memory import human_bytes  # noqa: E402
 from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.profile import load_profile  # noqa: E402
 from hive_apps.planning.report import render_plan_table  # noqa: E402
+from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
 from hive_apps.planning.types import DeviceCapacity  # noqa: E402
 from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
 from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402

@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pydantic import BaseModel
-
 from _hive import API_KEY, URL, deployed, openai_client, parser
+from pydantic import BaseModel
 
 
 class City(BaseModel):

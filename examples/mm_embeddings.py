@@ -20,7 +20,6 @@ nothing. The sim engine embeds text only (hash vectors) and refuses the ``messag
 from __future__ import annotations
 
 import httpx
-
 from _hive import API_KEY, URL, check, data_url, deployed, media_file, openai_client, parser
 
 CAPTIONS = ["a red circle and a blue square", "a photo of a cat", "a page of printed text"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 
 import openai
-
 from _hive import admin, delete, deploy, openai_client, parser, spec, wait_for
 
 

@@ -20,7 +20,6 @@ import time
 from collections import Counter
 
 import httpx
-
 from _hive import API_KEY, URL, deployed, parser
 
 

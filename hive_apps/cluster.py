@@ -266,7 +266,7 @@ class RayCluster:
             ).remote(node_name_of(node_id, labels))
             self._fetchers[node_id] = actor
         try:
-            return ray.get(actor.call.remote(method, *args), timeout=FETCHER_CALL_TIMEOUT_S)
+            return ray.get(actor.call.remote(method, *args), timeout=FETCHER_CALL_TIMEOUT_S)  # type: ignore[union-attr]
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             self._fetchers.pop(node_id, None)  # dead or stuck: the next call looks it up again
             raise

@@ -27,6 +27,7 @@ Rules (docs/lifecycle.md):
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -212,7 +213,7 @@ async def _prefix(order: list[Candidate], fits: Callable[[list[str]], Awaitable[
     return None
 
 
-def _cost(victims: list[Candidate]) -> tuple:
+def _cost(victims: list[Candidate]) -> tuple[Any, ...]:
     return (max(v.priority for v in victims), sum(v.expected_cost for v in victims), len(victims))
 
 

@@ -137,7 +137,7 @@ def sample(metric: str, value: float, **tags: str) -> Sample:
 
 # --- pure values ----------------------------------------------------------------------------
 
-def device_samples(states: Iterable["DeviceState"], reservations: Iterable["Reservation"]) -> list[Sample]:
+def device_samples(states: Iterable[DeviceState], reservations: Iterable[Reservation]) -> list[Sample]:
     """Per device: every kind of ``hive_gpu_memory_bytes``; resident counts active reservations only."""
     from hive_apps.registry.records import ReservationState
 
@@ -154,7 +154,7 @@ def device_samples(states: Iterable["DeviceState"], reservations: Iterable["Rese
     return out
 
 
-def model_samples(records: Iterable["ModelRecord"]) -> list[Sample]:
+def model_samples(records: Iterable[ModelRecord]) -> list[Sample]:
     from hive_apps.registry.records import ModelStatus
 
     out = []
@@ -167,7 +167,7 @@ def model_samples(records: Iterable["ModelRecord"]) -> list[Sample]:
     return out
 
 
-def replica_samples(model_id: str, views: Iterable["ReplicaView"], loads: dict[int, "EngineLoad"],
+def replica_samples(model_id: str, views: Iterable[ReplicaView], loads: dict[int, EngineLoad],
                     devices: dict[int, list[str]]) -> list[Sample]:
     """Per replica of one model, from its router's last load poll."""
     out = []
@@ -196,12 +196,12 @@ def event(metric: str, value: float = 1.0, **tags: str) -> Event:
     return Event(s.metric, s.tags, s.value)
 
 
-def _slept(rec: "ModelRecord") -> str:
+def _slept(rec: ModelRecord) -> str:
     """How a waking model slept: in place (level1/level2) or parked (a cold start)."""
     return rec.sleep_mode.value if rec.sleep_mode is not None else "parked"
 
 
-def transition_events(name: str, before: "ModelRecord | None", after: "ModelRecord | None",
+def transition_events(name: str, before: ModelRecord | None, after: ModelRecord | None,
                       kwargs: dict[str, Any]) -> list[Event]:
     """What one registry transition adds to the lifecycle metrics."""
     from hive_apps.registry.records import ModelStatus
@@ -336,14 +336,14 @@ def publisher() -> Publisher:
     return _publisher
 
 
-def publish_registry(states: list["DeviceState"], reservations: Iterable["Reservation"],
-                     records: Iterable["ModelRecord"]) -> None:
+def publish_registry(states: list[DeviceState], reservations: Iterable[Reservation],
+                     records: Iterable[ModelRecord]) -> None:
     p = publisher()
     p.gauges("devices", device_samples(states, reservations))
     p.gauges("models", model_samples(records))
 
 
-def on_transition(name: str, before: "ModelRecord | None", after: "ModelRecord | None", kwargs: dict[str, Any]) -> None:
+def on_transition(name: str, before: ModelRecord | None, after: ModelRecord | None, kwargs: dict[str, Any]) -> None:
     try:
         publisher().events(transition_events(name, before, after, kwargs))
     except Exception:

@@ -59,7 +59,8 @@ def read_token(token: str | None, token_file: str | None, environ: dict[str, str
     (a flag given on the command line wins over the environment)."""
     if token_file:
         try:
-            text = open(token_file, encoding="utf-8").read().strip()
+            with open(token_file, encoding="utf-8") as f:
+                text = f.read().strip()
         except OSError as e:
             raise TokenError(f"cannot read --token-file {token_file}: {e.strerror}") from None
         if not text:

@@ -22,7 +22,7 @@ import uuid
 HEADER = "x-request-id"
 _HEADER_B = HEADER.encode()
 MAX_LEN = 128
-_WELL_FORMED = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_LEN)
+_WELL_FORMED = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_LEN}}}")
 
 
 def well_formed(value: str | bytes | None) -> bool:
@@ -42,7 +42,7 @@ def new_id() -> str:
 
 def ensure(value: str | bytes | None) -> str:
     """The id to use: the given one when well formed, else a new one."""
-    if well_formed(value):
+    if value is not None and well_formed(value):
         return value.decode("ascii") if isinstance(value, bytes) else value
     return new_id()
 

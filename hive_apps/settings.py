@@ -14,7 +14,7 @@ import os
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -74,7 +74,7 @@ class HiveSettings(BaseSettings):
 
     @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", mode="before")
     @classmethod
-    def _comma_separated(cls, v):
+    def _comma_separated(cls, v: Any) -> Any:
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
@@ -88,18 +88,18 @@ class HiveSettings(BaseSettings):
 
     @field_validator("engine_port_range", mode="before")
     @classmethod
-    def _port_range(cls, value):
+    def _port_range(cls, value: Any) -> Any:
         if value == "":
             return None
         return parse_port_range(value) if isinstance(value, str) else value
 
     @field_validator("admin_token", "monitor_token", "api_keys_file", "model_root", mode="before")
     @classmethod
-    def _empty_is_unset(cls, v):
+    def _empty_is_unset(cls, v: Any) -> Any:
         return None if v == "" else v
 
     @classmethod
-    def from_env(cls) -> "HiveSettings":
+    def from_env(cls) -> HiveSettings:
         """Read the environment; a bad value raises ``SettingsError`` naming the variable."""
         try:
             return cls()
@@ -117,7 +117,7 @@ class HiveSettings(BaseSettings):
         return set(self.api_keys) | _key_file.read(self.api_keys_file)
 
 
-def _accepted(annotation) -> str:
+def _accepted(annotation: Any) -> str:
     if annotation is bool:
         return " (accepted: 0/1, true/false, on/off, yes/no)"
     if annotation is float or annotation is int:
@@ -129,7 +129,7 @@ class _KeyFile:
     """The API-key file, parsed again only when its modification time or size changed."""
 
     def __init__(self) -> None:
-        self._stamp: tuple | None = None
+        self._stamp: tuple[Any, ...] | None = None
         self._keys: set[str] = set()
 
     def read(self, path: Path | None) -> set[str]:

@@ -8,11 +8,11 @@ how to fix it, because that text is what the user sees in the 4xx body.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hive_apps.settings import get_settings
 from hive_apps.vllm_args import vllm_kwargs_problems
@@ -165,7 +165,7 @@ class ModelSpec(BaseModel):
 
     @field_validator("vllm_kwargs")
     @classmethod
-    def _vllm_kwargs_allowed(cls, v: dict[str, Any], info) -> dict[str, Any]:
+    def _vllm_kwargs_allowed(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         """Only the arguments the hive understands, typed (``hive_apps/vllm_args.py``)."""
         engine = info.data.get("engine", EngineKind.VLLM)
         problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), get_settings())
@@ -174,7 +174,7 @@ class ModelSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _pins_match_replicas(self) -> "ModelSpec":
+    def _pins_match_replicas(self) -> ModelSpec:
         if isinstance(self.gpu, list) and self.replicas not in (1, len(self.gpu)):
             raise ValueError(
                 f"gpu lists {len(self.gpu)} devices but replicas={self.replicas}: use "
@@ -189,7 +189,7 @@ class ModelSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _one_way_to_size_sequences(self) -> "ModelSpec":
+    def _one_way_to_size_sequences(self) -> ModelSpec:
         if self.max_concurrency is not None and "max_num_seqs" in self.vllm_kwargs:
             raise ValueError(
                 f"max_concurrency={self.max_concurrency} and vllm_kwargs.max_num_seqs="
@@ -199,7 +199,7 @@ class ModelSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _lifecycle_fields_agree(self) -> "ModelSpec":
+    def _lifecycle_fields_agree(self) -> ModelSpec:
         if self.sleep_timeout is not None and self.idle_timeout is not None and self.idle_timeout <= self.sleep_timeout:
             raise ValueError(
                 f"idle_timeout={self.idle_timeout:g} must be greater than sleep_timeout={self.sleep_timeout:g}: "
@@ -212,7 +212,7 @@ class ModelSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _replica_bounds(self) -> "ModelSpec":
+    def _replica_bounds(self) -> ModelSpec:
         if self.min_replicas is not None and self.max_replicas is None:
             raise ValueError("min_replicas needs max_replicas (load-driven replicas are on only with max_replicas); "
                              "set max_replicas too, or leave min_replicas out")

@@ -168,7 +168,7 @@ def legacy_task(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSettings) -> list[str]:
     """Every reason to refuse these ``vllm_kwargs`` (empty: they may be used)."""
-    problems = []
+    problems: list[str | None] = []  # None: a check that found nothing (dropped at the end)
     widened = set(settings.vllm_kwargs_allow)
     for key, value in kwargs.items():
         if key in REFUSED:

@@ -24,9 +24,10 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -84,7 +85,7 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_validator(kind: str, directory: str):
     import jsonschema
 

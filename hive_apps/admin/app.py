@@ -17,8 +17,8 @@ from collections.abc import Callable
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hive_apps import names
 from hive_apps.admin import status_page
@@ -28,10 +28,10 @@ from hive_apps.admin.reconciler import Reconciler
 from hive_apps.admin.schemas import ModelStatusResponse, MonitorToken, MonitorTokenRequest, error_responses
 from hive_apps.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
 from hive_apps.auth import monitor_token_node, node_monitor_token, warn_if_open
+from hive_apps.cluster import ControlPlane, get_cluster, off_loop
 from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
-from hive_apps.cluster import ControlPlane, get_cluster, off_loop
 from hive_apps.registry.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
@@ -120,7 +120,7 @@ class Admin(ControlPlane):
 
         On start this resumes every deploy, heal and delete a previous admin left in flight.
         """
-        after, swept_at, seen = -1, 0.0, {}
+        after, swept_at, seen = -1, 0.0, {}  # type: int, float, dict[str, int]
         while True:
             try:
                 view = await self.registry.watch.remote(after, WATCH_S)
@@ -162,7 +162,7 @@ class Admin(ControlPlane):
                 for model_id in room.waiting_for:
                     self.reconciler.ensure(model_id)
                 parking = set(room.waiting_for)
-                await self._wait_for(lambda records: all(m not in records or not records[m].resident for m in parking),
+                await self._wait_for(lambda records: all(m not in records or not records[m].resident for m in parking),  # noqa: B023 (awaited in this iteration)
                                      deadline - time.monotonic())
             elif room.retry_at is not None and room.retry_at - time.time() < deadline - time.monotonic():
                 await asyncio.sleep(max(0.0, room.retry_at - time.time()))
@@ -388,4 +388,4 @@ class Admin(ControlPlane):
 
 
 def build(_: dict | None = None):
-    return Admin.bind()
+    return Admin.bind()  # type: ignore[attr-defined]  # added by @serve.deployment

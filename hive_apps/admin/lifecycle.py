@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -21,16 +21,16 @@ from hive_apps.engine.protocol import EngineLoad
 from hive_apps.lifecycle import (
     Activity,
     Candidate,
+    Refusal,
+    ScaleClock,
     choose_victims,
     cold_start_s,
     destroy_due,
     eviction_order,
     idle_since,
     protection_ends,
-    Refusal,
     replica_to_retire,
     scale_decision,
-    ScaleClock,
     sleep_due,
     update_activity,
 )
@@ -105,11 +105,12 @@ class Lifecycle(ControlPlane):
         if failed is not None:
             log.info("activity of %s not readable now: %s", rec.model_id, failed)
             return None
-        in_flight = sum(max(ld.in_flight, ld.running + ld.waiting) for ld in loads)
-        last = max((ld.last_request_at for ld in loads if ld.last_request_at is not None), default=None)
-        pressures = {i: (ld.running + ld.waiting) / max(1, ld.max_num_seqs) for i, ld in zip(live, loads)}
+        ready = cast(list[EngineLoad], loads)  # no exception among them
+        in_flight = sum(max(ld.in_flight, ld.running + ld.waiting) for ld in ready)
+        last = max((ld.last_request_at for ld in ready if ld.last_request_at is not None), default=None)
+        pressures = {i: (ld.running + ld.waiting) / max(1, ld.max_num_seqs) for i, ld in zip(live, ready)}
         prev = self.activity.get(rec.model_id) if indices is None else None
-        act = update_activity(prev, in_flight, sum(ld.requests_total for ld in loads), last, now, pressures)
+        act = update_activity(prev, in_flight, sum(ld.requests_total for ld in ready), last, now, pressures)
         if indices is None:
             self.activity[rec.model_id] = act
         return act
@@ -158,6 +159,7 @@ class Lifecycle(ControlPlane):
                     await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
                     asked.append(rec.model_id)
                 elif sleep_due(spec.sleep_timeout, since, act.in_flight, now):
+                    assert since is not None  # sleep_due: it has one
                     await self._ask("sleep", rec, version=rec.version, last_request_at=since,
                                     reason=f"no requests for {now - since:.0f}s (sleep_timeout {spec.sleep_timeout:g}s)")
                     asked.append(rec.model_id)
@@ -170,6 +172,7 @@ class Lifecycle(ControlPlane):
 
     async def _scale(self, rec: ModelRecord, act: Activity, now: float) -> bool:
         """Add or retire one replica when load stayed high or low for the window (docs/lifecycle.md)."""
+        assert rec.spec.replica_bounds is not None  # only a model with bounds scales
         step, self.clocks[rec.model_id] = scale_decision(list(act.pressures.values()), rec.spec.replica_bounds,
                                                          self.clocks.get(rec.model_id, ScaleClock()), now,
                                                          self.settings.scale_window_s)
@@ -187,7 +190,8 @@ class Lifecycle(ControlPlane):
         return False
 
     @staticmethod
-    def _idle_reason(spec: ModelSpec, since: float, now: float) -> str:
+    def _idle_reason(spec: ModelSpec, since: float | None, now: float) -> str:
+        assert since is not None  # destroy_due: it has one
         return (f"destroyed after {now - since:.0f}s without requests (idle_timeout {spec.idle_timeout:g}s); "
                 f"deploy it again with POST /admin/models")
 

@@ -73,7 +73,7 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
     cls = engine_class(plan.engine)
     engines = []
     for rp in plan.replicas:
-        dep = serve.deployment(cls).options(
+        dep = serve.deployment(cls).options(  # type: ignore[attr-defined]
             name=names.engine_deployment(rp.index),
             num_replicas=1,
             max_ongoing_requests=max(64, rp.settings.max_num_seqs * 4),

@@ -67,7 +67,7 @@ def is_model_app(state: AppState) -> bool:
 
 
 class Reconciler(ControlPlane):
-    def __init__(self, cluster: Cluster, settings: HiveSettings, lifecycle: "Lifecycle",
+    def __init__(self, cluster: Cluster, settings: HiveSettings, lifecycle: Lifecycle,
                  apply_grace_s: float = APPLY_GRACE_S):
         self.cluster = cluster
         self.settings = settings
@@ -107,7 +107,7 @@ class Reconciler(ControlPlane):
             if delay > 0:
                 try:
                     await asyncio.wait_for(kick.wait(), delay)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     async def idle(self, model_id: str, timeout_s: float) -> bool:
@@ -393,7 +393,7 @@ class Reconciler(ControlPlane):
             infos = await self._engine_infos(rec, watched)
             if all(info is not None for info in infos.values()):
                 def times(key: str) -> dict[str, float]:
-                    return {k: round(i[key], 3) for k, i in infos.items() if i.get(key) is not None}
+                    return {k: round(i[key], 3) for k, i in infos.items() if i is not None and i.get(key) is not None}
 
                 await self._ask("started", rec, version=rec.version, engine_start_s=times("engine_start_s"),
                                 warm_up_s=times("warm_up_s"))

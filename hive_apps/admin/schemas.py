@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field, field_validator
 
 from hive_apps import names
 from hive_apps.auth import valid_node_name
-
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
 from hive_apps.registry.records import ModelRecord, ModelStatus, SleepMode, WakeReport
 from hive_apps.weights.types import FetchProgress
@@ -51,7 +52,7 @@ class ModelStatusResponse(BaseModel):
     fetch: dict[str, FetchProgress] = {}  # node name -> that node's download, while fetching
 
     @classmethod
-    def of(cls, rec: ModelRecord, fetching: dict[str, FetchProgress] | None = None) -> "ModelStatusResponse":
+    def of(cls, rec: ModelRecord, fetching: dict[str, FetchProgress] | None = None) -> ModelStatusResponse:
         weights = rec.plan.weights
         return cls(
             policy_warning=rec.policy_warning,
@@ -124,6 +125,6 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-def error_responses(*codes: int) -> dict[int, dict]:
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the errors a route answers, so clients (and the fuzzer) know them."""
     return {code: {"model": ErrorResponse} for code in codes}

@@ -15,7 +15,7 @@ from hive_apps.cluster import Cluster, NodeInfo, off_loop
 from hive_apps.planning.types import Plan
 from hive_apps.registry.monitor import node_name_of
 from hive_apps.weights.cache import format_bytes
-from hive_apps.weights.types import CachedWeights, CacheDisk, FetchProgress, FetchState, Manifest, SourceKind
+from hive_apps.weights.types import CacheDisk, CachedWeights, FetchProgress, FetchState, Manifest, SourceKind
 
 log = logging.getLogger("ray.serve")
 

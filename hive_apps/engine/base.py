@@ -14,10 +14,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hive_apps.metrics import TokenCount
 from hive_apps.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.engine.start_lock import device_lock
+from hive_apps.metrics import TokenCount
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.settings import get_settings
 
@@ -49,7 +49,7 @@ def serve_log_file_kept(logger_name: str = "ray.serve") -> Iterator[None]:
                 handler.flush()
 
 
-def weights_folder(weights: "Manifest | str") -> str:
+def weights_folder(weights: Manifest | str) -> str:
     """The folder this replica loads, on its own node: the node cache's copy of the plan's revision
     (its fetcher put it there before the engine was started), or a shared folder this node must
     have. A plain string is a plan from before weight sources: the folder as planned."""

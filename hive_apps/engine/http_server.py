@@ -144,7 +144,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # uvicorn's own 503 past limit_concurrency, swapped for one that says so (OVERLOADED_HEADER)
-        super()._start_asgi_task(cycle, _overloaded if app is service_unavailable else app)
+        super()._start_asgi_task(cycle, _overloaded if app is service_unavailable else app)  # type: ignore[arg-type]
 
 
 def guarded(app: Any, token: str, on_request: Callable[[int], None], load: Callable[[], BaseModel]) -> Any:
@@ -182,7 +182,7 @@ def guarded(app: Any, token: str, on_request: Callable[[int], None], load: Calla
             # Serve logs each handle call with its request id; this is the same line for the short
             # path. Method, path, status and id only: never a header value or the body.
             rid = dict(scope["headers"]).get(request_ids.HEADER.encode())
-            rid = rid.decode() if request_ids.well_formed(rid) else "-"
+            rid = rid.decode() if rid is not None and request_ids.well_formed(rid) else "-"
             log.info("engine %s %s %d %.1fms request_id=%s", scope["method"], scope["path"], status,
                      (time.perf_counter() - t0) * 1000, rid)
 

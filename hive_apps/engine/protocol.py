@@ -49,10 +49,10 @@ class EngineLoad(BaseModel):
 
 async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
     """Run one request through an ASGI app in-process and yield its reply as it is produced."""
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     body_sent = False
 
-    async def receive() -> dict:
+    async def receive() -> dict[str, Any]:
         nonlocal body_sent
         if not body_sent:
             body_sent = True
@@ -60,7 +60,7 @@ async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseSt
         await asyncio.Event().wait()  # the client never disconnects from in-process calls
         return {"type": "http.disconnect"}
 
-    async def send(message: dict) -> None:
+    async def send(message: dict[str, Any]) -> None:
         await queue.put(message)
 
     scope = {
@@ -77,7 +77,7 @@ async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseSt
         "client": ("127.0.0.1", 0),
         "server": ("127.0.0.1", 80),
     }
-    done = object()
+    done: dict[str, Any] = {"type": "hive.done"}  # the end marker, matched by identity
 
     async def run() -> None:
         try:

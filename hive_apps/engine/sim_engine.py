@@ -67,7 +67,7 @@ SIM_TOKENS_PER_ITEM = 64  # what one image, audio clip or video costs in the pro
 def chat_prompt(messages: list, limits: dict[str, int]) -> int | str:
     """Prompt tokens of a chat: ~4 characters of text per token plus SIM_TOKENS_PER_ITEM per media
     item; or, like vLLM, why it is refused when a modality passes ``limit_mm_per_prompt``."""
-    chars, items = 0, {}
+    chars, items = 0, {}  # type: int, dict[str, int]
     for m in messages:
         content = m.get("content", "") if isinstance(m, dict) else ""
         parts = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
@@ -108,7 +108,8 @@ class SimRequest(BaseModel):
 
 
 class SimEngine(EngineBase):
-    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan, use_start_lock: bool = True):
+    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan,  # type: ignore[misc]
+                       use_start_lock: bool = True):  # Serve awaits it
         super().__init__()
         self.model_id, self.replica = model_id, replica
         self.use_start_lock = use_start_lock

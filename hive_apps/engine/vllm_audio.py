@@ -46,6 +46,6 @@ def fit_audio_path() -> None:
             self.method = "soxr"
         return resample(self, audio, orig_sr=orig_sr)
 
-    checked_load_bytes.hive_wrapped = True
-    AudioMediaIO.load_bytes = checked_load_bytes
-    AudioResampler.resample = available_resample
+    checked_load_bytes.hive_wrapped = True  # type: ignore[attr-defined]
+    AudioMediaIO.load_bytes = checked_load_bytes  # type: ignore[method-assign]
+    AudioResampler.resample = available_resample  # type: ignore[method-assign]

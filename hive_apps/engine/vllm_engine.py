@@ -106,7 +106,7 @@ NO_MEDIA_HOST = "remote-media-is-off.invalid"  # RFC 2606: never resolves
 
 
 class VLLMEngine(EngineBase):
-    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan):
+    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan):  # type: ignore[misc]  # Serve awaits it
         super().__init__()
         constructed_at = time.time()
         if restore_node_environment():

@@ -23,8 +23,8 @@ from hive_apps.openai_errors import openai_error
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, client_of, gone_message
-from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.http import BodyTooLarge, parse_fields, read_forwarded, request_problem, respond_for, too_large
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.settings import get_settings
 
 log = logging.getLogger("ray.serve")
@@ -100,4 +100,4 @@ class Gateway:
 
 
 def build(_: dict | None = None):
-    return Gateway.bind()
+    return Gateway.bind()  # type: ignore[attr-defined]  # added by @serve.deployment

@@ -121,9 +121,9 @@ def build_tiny_model(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
         "chat_template": CHAT_TEMPLATE,
     }, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    config = Qwen2Config(**text_config(tok.get_vocab_size(), ids), torch_dtype="bfloat16")
+    config = Qwen2Config(**text_config(tok.get_vocab_size(), ids), dtype="bfloat16")
     torch.manual_seed(seed)
-    save_weights(Qwen2ForCausalLM(config).to(torch.bfloat16), out, ids)
+    save_weights(Qwen2ForCausalLM(config).to(torch.bfloat16), out, ids)  # type: ignore[arg-type]
     return out
 
 

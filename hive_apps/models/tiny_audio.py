@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hive_apps.models.tiny import (chat_template_with_media, cli, media_tokenizer, save_processor, save_weights,
-                                   text_config)
+from hive_apps.models.tiny import (
+    chat_template_with_media,
+    cli,
+    media_tokenizer,
+    save_processor,
+    save_weights,
+    text_config,
+)
 
 AUDIO_BOS, AUDIO_TOKEN, AUDIO_EOS = "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"
 SAMPLE_RATE, MEL_BINS = 16_000, 128
@@ -35,8 +41,14 @@ def build_tiny_audio(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
     """Write the checkpoint to ``out`` (skipped when a complete one is already there)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import (Qwen2AudioConfig, Qwen2AudioEncoderConfig, Qwen2AudioForConditionalGeneration,
-                              Qwen2AudioProcessor, Qwen2Config, WhisperFeatureExtractor)
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioEncoderConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        Qwen2Config,
+        WhisperFeatureExtractor,
+    )
 
     out = Path(out).expanduser()
     if (out / "model.safetensors").exists() and (out / "processor_config.json").exists():
@@ -54,7 +66,7 @@ def build_tiny_audio(out: str | Path, vocab_size: int = 2048, corpus_bytes: int 
                               audio_token_index=ids[AUDIO_TOKEN])
     config.dtype = "bfloat16"
     torch.manual_seed(seed)
-    model = Qwen2AudioForConditionalGeneration(config).to(torch.bfloat16)
+    model = Qwen2AudioForConditionalGeneration(config).to(torch.bfloat16)  # type: ignore[arg-type]
     save_weights(model, out, ids)
     # transformers 5 writes this architecture's text weights as ``language_model.model.model.*``
     # (its save-time key renaming applied twice); vLLM loads the original layout.

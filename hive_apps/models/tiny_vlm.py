@@ -24,8 +24,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hive_apps.models.tiny import (chat_template_with_media, cli, media_tokenizer, save_processor, save_weights,
-                                   text_config)
+from hive_apps.models.tiny import (
+    chat_template_with_media,
+    cli,
+    media_tokenizer,
+    save_processor,
+    save_weights,
+    text_config,
+)
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SPECIALS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"] + [
@@ -39,8 +45,14 @@ VLM_CHAT_TEMPLATE = chat_template_with_media(("image", "image_url"), IMAGE_TOKEN
 def build_tiny_vlm(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 1_500_000, seed: int = 0) -> Path:
     """Write the checkpoint to ``out`` (skipped when a complete one is already there)."""
     import torch
-    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil,
-                              Idefics3Processor, Idefics3VisionConfig, LlamaConfig)
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
 
     out = Path(out).expanduser()
     if (out / "model.safetensors").exists() and (out / "processor_config.json").exists():
@@ -61,7 +73,7 @@ def build_tiny_vlm(out: str | Path, vocab_size: int = 2048, corpus_bytes: int = 
                             pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
     config.dtype = "bfloat16"
     torch.manual_seed(seed)
-    save_weights(Idefics3ForConditionalGeneration(config).to(torch.bfloat16), out, ids)
+    save_weights(Idefics3ForConditionalGeneration(config).to(torch.bfloat16), out, ids)  # type: ignore[arg-type]
     return out
 
 

@@ -73,9 +73,9 @@ def _worker_init(without_torch: bool) -> None:
     Nor does it need torch, which transformers 5's config classes import when installed (~400 MB and
     ~3 s): reading configs works without it (every fixture profiles the same). Only a user's code
     (a hook class, a repository's remote config code) might want it, so it stays when those are on."""
-    sys.modules.setdefault("sklearn", None)  # importlib's find_spec then answers "not installed"
+    sys.modules.setdefault("sklearn", None)  # type: ignore[arg-type]  # importlib's find_spec then answers "not installed"
     if without_torch:
-        sys.modules.setdefault("torch", None)
+        sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
@@ -152,7 +152,7 @@ class PlanWorker:
                 await self._ensure_warm()
                 return await asyncio.wait_for(loop.run_in_executor(
                     self._executor(), plan_or_error, spec, devices, pending, as_asked, weights), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._replace()
             return PlanOutcome(status_code=422, error=(
                 f"planning {spec.model!r} took longer than {self.timeout_s:.0f}s (HIVE_PLAN_TIMEOUT_S); "
@@ -182,4 +182,4 @@ def build(_: dict | None = None):
     from ray import serve
 
     return serve.deployment(Planner, name="Planner", num_replicas=1, max_ongoing_requests=100,
-                            ray_actor_options={"num_cpus": 0}).bind()
+                            ray_actor_options={"num_cpus": 0}).bind()  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ P GiB for peak activation, and G GiB for CUDAGraph memory".
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -183,7 +184,7 @@ def activation_bytes(profile: ModelProfile, tp: int, max_num_batched_tokens: int
     return act
 
 
-def runtime_bytes(profile: ModelProfile, tp: int, on_cpu: bool, vllm_kwargs: dict | None = None) -> tuple[int, int]:
+def runtime_bytes(profile: ModelProfile, tp: int, on_cpu: bool, vllm_kwargs: dict[str, Any] | None = None) -> tuple[int, int]:
     """(outside the util budget, inside it): CUDA context; runtime buffers, NCCL, CPU processes."""
     if on_cpu:
         inside = CPU_ENGINE_PROCESS_BYTES + (tp - 1) * CPU_EXTRA_RANK_BYTES
@@ -233,7 +234,7 @@ class Frame:
 
     def __init__(self, profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int,
                  max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
-                 hybrid_manager: bool = True, vllm_kwargs: dict | None = None,
+                 hybrid_manager: bool = True, vllm_kwargs: dict[str, Any] | None = None,
                  prefix_caching: bool = True) -> None:
         self.profile = profile
         self.on_cpu = on_cpu
@@ -289,7 +290,7 @@ class Frame:
 def estimate(profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
              kv_bytes: int | None = None, hybrid_manager: bool = True,
-             vllm_kwargs: dict | None = None, prefix_caching: bool = True) -> MemoryEstimate:
+             vllm_kwargs: dict[str, Any] | None = None, prefix_caching: bool = True) -> MemoryEstimate:
     """The full breakdown for one device of one replica (kv_bytes: per rank)."""
     frame = Frame(profile, tp=tp, on_cpu=on_cpu, max_model_len=max_model_len,
                   max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,

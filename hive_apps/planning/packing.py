@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from hive_apps.planning.memory import Frame
 from hive_apps.planning.placement import PLACEMENT_POLICY_KEY, capacity, kind_problem, taint_problem
 from hive_apps.planning.profile import ModelProfile
 from hive_apps.planning.sizing import Sizer
-from hive_apps.planning.throughput import device_perf
+from hive_apps.planning.throughput import Perf, device_perf
 from hive_apps.planning.types import DeviceCapacity, PlanningError
 from hive_apps.registry.devices import DeviceKind
 from hive_apps.spec import ModelSpec
@@ -79,7 +80,7 @@ class _Item:
     tokens: int
     fixed: int | None  # sequences fixed by a demand, an override, or a pooling model's free sequences
     counts: bool  # adds its tokens/s to the objective (generate models)
-    frame: object = None
+    frame: Frame = None  # type: ignore[assignment]  # set by _item
     steps: list[int] = field(default_factory=list)
     start: int = 1  # sequences it starts from (FLOOR_SEQS where a whole eligible GPU holds that many)
 
@@ -101,7 +102,7 @@ def modellable(spec: ModelSpec) -> bool:
 
 
 def joint_slot(spec: ModelSpec, sizer: Sizer, pending: Sequence[tuple[ModelSpec, ModelProfile]],
-               devices: list[DeviceCapacity], make_sizer, budget_is_applied: bool,
+               devices: list[DeviceCapacity], make_sizer: Callable[[ModelSpec, ModelProfile], Sizer], budget_is_applied: bool,
                normal_use: dict[str, int]) -> Slot | None:
     """The GPU and byte budget of ``spec`` in the joint plan with ``pending``; None: keep the normal plan.
 
@@ -139,7 +140,10 @@ def joint_slot(spec: ModelSpec, sizer: Sizer, pending: Sequence[tuple[ModelSpec,
     if where.get(me.key) is None or sum(1 for k, d in where.items() if d and k != me.key) < kept_placed:
         return None  # the joint plan cannot place this deploy on a GPU, or would place fewer pending
     dev = where[me.key]
-    seqs, budget = solver.allocation(dev, frozenset(k for k, d in where.items() if d == dev))[1][me.key]
+    assert dev is not None  # placed: checked above
+    alloc = solver.allocation(dev, frozenset(k for k, d in where.items() if d == dev))
+    assert alloc is not None  # the solver placed it there, so the device holds it
+    seqs, budget = alloc[1][me.key]
     return Slot(device=by_id[dev], budget=budget, seqs=seqs,
                 placed_pending=sum(1 for k, d in where.items() if d is not None and k != me.key),
                 pending=len(items) - 1)
@@ -181,13 +185,16 @@ def _item(key: str, spec: ModelSpec, profile: ModelProfile, sizer: Sizer,
                  counts=not pooling, frame=frame, steps=[start] + [s for s in steps if s != start], start=start)
 
 
+_Move = tuple[str, str | None, str]  # one deploy from a device (None: unplaced) to another
+
+
 class _Solver:
     def __init__(self, items: list[_Item], devices: dict[str, DeviceCapacity], caps: dict[str, int]):
         self.items = {it.key: it for it in items}
         self.devices = devices
         self.caps = caps
-        self._alloc: dict[tuple[str, frozenset], tuple[float, dict[str, tuple[int, int]]] | None] = {}
-        self._perf: dict[tuple[str, str], object] = {}
+        self._alloc: dict[tuple[str, frozenset[str]], tuple[float, dict[str, tuple[int, int]]] | None] = {}
+        self._perf: dict[tuple[str, str], Perf] = {}
 
     # ---- one device ---------------------------------------------------------------------------
 
@@ -201,7 +208,7 @@ class _Solver:
     def _bytes(self, it: _Item, seqs: int) -> int:
         return it.frame.total(seqs, it.sizer.ov.kv_cache_memory_bytes)
 
-    def allocation(self, dev: str, residents: frozenset) -> tuple[float, dict[str, tuple[int, int]]] | None:
+    def allocation(self, dev: str, residents: frozenset[str]) -> tuple[float, dict[str, tuple[int, int]]] | None:
         """(tokens/s of the residents, {key: (seqs, bytes)}) filling ``dev``; None: they do not fit."""
         key = (dev, residents)
         if key in self._alloc:
@@ -258,7 +265,7 @@ class _Solver:
             d = min(fits, key=lambda d: (room[d], -self._score(it, d, 1), d))
             where[it.key] = d
             room[d] -= it.need
-        residents: dict[str, frozenset] = {d: frozenset(k for k, w in where.items() if w == d) for d in self.caps}
+        residents: dict[str, frozenset[str]] = {d: frozenset(k for k, w in where.items() if w == d) for d in self.caps}
         value = {d: (self.allocation(d, r) or (0.0,))[0] for d, r in residents.items()}
         deadline = time.perf_counter() + SEARCH_BUDGET_S
         for _ in range(MAX_ROUNDS):
@@ -278,7 +285,8 @@ class _Solver:
                 break
         return where
 
-    def _gain(self, changes, where, residents, value) -> dict[str, tuple[frozenset, float]] | None:
+    def _gain(self, changes: tuple[_Move, ...], where: dict[str, str | None], residents: dict[str, frozenset[str]],
+              value: dict[str, float]) -> dict[str, tuple[frozenset[str], float]] | None:
         """The new state of the changed devices when ``changes`` improve (more placed, or more utility)."""
         res = {}
         placed = 0
@@ -293,8 +301,8 @@ class _Solver:
             res[to].add(k)
         out = {}
         delta = 0.0
-        for d, keys in res.items():
-            keys = frozenset(keys)
+        for d, held in res.items():
+            keys = frozenset(held)
             if sum(self.items[k].need for k in keys) > self.caps[d]:
                 return None
             alloc = self.allocation(d, keys)
@@ -306,7 +314,7 @@ class _Solver:
             return out
         return None
 
-    def _neighbours(self, where: dict[str, str | None]):
+    def _neighbours(self, where: dict[str, str | None]) -> Iterator[tuple[_Move, ...]]:
         """Changes as (key, from, to) tuples: one deploy moved, or two swapped."""
         keys = sorted(where)
         for k in keys:

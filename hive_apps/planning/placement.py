@@ -47,7 +47,8 @@ from __future__ import annotations
 import heapq
 import importlib
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -75,7 +76,7 @@ PLACEMENT_POLICY_KEY = "hive_placement_policy"
 
 NeedFn = Callable[[bool, int], int]
 SpeedFn = Callable[[DeviceCapacity], float]
-KeyFn = Callable[[DeviceCapacity], tuple]  # sort key of one device, best first
+KeyFn = Callable[[DeviceCapacity], tuple[Any, ...]]  # sort key of one device, best first
 
 
 class Placement(BaseModel):
@@ -169,7 +170,7 @@ def dtype_note(profile: ModelProfile, dc: DeviceCapacity) -> str | None:
     return None
 
 
-def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None = None) -> tuple:
+def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None = None) -> tuple[Any, ...]:
     """Sort key, best first.
 
     performance: the planner's expected tokens/s of *this model* on the device (``speed``: a
@@ -336,10 +337,10 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
         gpus = [dc for dc in gpus if dc.device.id in rank_of]
         cpus = [dc for dc in cpus if dc.device.id in rank_of]
 
-        def key(dc: DeviceCapacity) -> tuple:
+        def key(dc: DeviceCapacity) -> tuple[Any, ...]:
             return (rank_of[dc.device.id],)
     else:
-        def key(dc: DeviceCapacity) -> tuple:
+        def key(dc: DeviceCapacity) -> tuple[Any, ...]:
             return policy_key(dc, spec.allocation, speed)
 
     want_all = spec.replicas == -1
@@ -384,7 +385,7 @@ def _nothing_fits(spec: ModelSpec, devices: list[DeviceCapacity], rejected: list
 def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dict[str, str],
             budget_is_applied: bool, *, tp: int, key: KeyFn) -> list[Placement]:
     """One replica per chosen device; free devices first, then co-location where memory allows."""
-    fitting: list[tuple[tuple, int, DeviceCapacity, int]] = []
+    fitting: list[tuple[tuple[Any, ...], int, DeviceCapacity, int]] = []
     for i, dc in enumerate(pool):
         cap = capacity(dc, budget_is_applied=budget_is_applied)
         if need > cap:
@@ -427,7 +428,7 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
         if profile.tp_problem(tp):
             continue
         per_device = need(False, tp)
-        groups: list[tuple[tuple, list[DeviceCapacity]]] = []
+        groups: list[tuple[tuple[Any, ...], list[DeviceCapacity]]] = []
         usable: list[DeviceCapacity] = []
         for node_devices in by_node.values():
             fitting = [dc for dc in node_devices if capacity(dc, budget_is_applied=budget_is_applied) >= per_device]
@@ -448,15 +449,15 @@ def _tensor_parallel(gpus: list[DeviceCapacity], spec: ModelSpec, profile: Model
     return []
 
 
-def _node_groups(devices: list[DeviceCapacity], tp: int, key: KeyFn) -> list[tuple[tuple, list[DeviceCapacity]]]:
+def _node_groups(devices: list[DeviceCapacity], tp: int, key: KeyFn) -> list[tuple[tuple[Any, ...], list[DeviceCapacity]]]:
     """Non-overlapping groups of ``tp`` devices on one node: identical cards first, then mixed leftovers."""
     if len(devices) < tp:
         return []
     ordered = sorted(devices, key=lambda dc: (len(dc.hive_replicas), key(dc)))
-    by_card: dict[tuple, list[DeviceCapacity]] = defaultdict(list)
+    by_card: dict[tuple[Any, ...], list[DeviceCapacity]] = defaultdict(list)
     for dc in ordered:
         by_card[(dc.device.name, dc.device.total_bytes)].append(dc)
-    groups: list[tuple[tuple, list[DeviceCapacity]]] = []
+    groups: list[tuple[tuple[Any, ...], list[DeviceCapacity]]] = []
     leftovers: list[DeviceCapacity] = []
     for cards in by_card.values():
         whole = len(cards) // tp * tp
@@ -470,7 +471,7 @@ def _node_groups(devices: list[DeviceCapacity], tp: int, key: KeyFn) -> list[tup
     return groups
 
 
-def _group_key(group: list[DeviceCapacity], key: KeyFn, *, identical: bool) -> tuple:
+def _group_key(group: list[DeviceCapacity], key: KeyFn, *, identical: bool) -> tuple[Any, ...]:
     weakest = max(key(dc) for dc in group)
     busiest = max(len(dc.hive_replicas) for dc in group)
     return (busiest, not identical, weakest, -min(dc.available_bytes for dc in group),

@@ -79,7 +79,7 @@ engine kwargs and the plan's notes.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.packing import joint_slot
@@ -87,7 +87,7 @@ from hive_apps.planning.parsers import apply_choice, choose_parsers, read_chat_t
 from hive_apps.planning.placement import PLACEMENT_POLICY_KEY, Placement, UserPolicy, place_auto, place_pinned
 from hive_apps.planning.profile import ModelProfile
 from hive_apps.planning.sizing import Sizer, engine_overrides, make_sizer
-from hive_apps.planning.types import DeviceCapacity, Plan, PlanningError
+from hive_apps.planning.types import DeviceCapacity, Plan, PlanningError, Rejection
 from hive_apps.spec import EngineKind, ModelSpec
 from hive_apps.vllm_args import legacy_task
 
@@ -124,7 +124,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
 
     if spec.pins:
         placements = place_pinned(spec, devices, profile, overrides.tensor_parallel_size)
-        rejected = []
+        rejected: list[Rejection] = []
     else:
         try:
             try:

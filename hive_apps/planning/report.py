@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hive_apps import names
 from hive_apps.planning.memory import human_bytes
 from hive_apps.planning.types import Plan
@@ -11,7 +13,7 @@ _COLUMNS = ("replica", "device(s)", "tp", "max_num_seqs", "max_num_batched_token
             "total/device", "tok/s (est.)")
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(header), line(tuple("-" * w for w in widths))] + [line(r) for r in rows])

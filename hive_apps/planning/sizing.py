@@ -75,7 +75,7 @@ class _Choice(BaseModel):
     score: float
 
 
-def engine_overrides(spec: ModelSpec) -> tuple[dict[str, Any], "Overrides"]:
+def engine_overrides(spec: ModelSpec) -> tuple[dict[str, Any], Overrides]:
     """The deploy's vLLM arguments (``hive_*`` keys are the hive's) and the sizing ones among them."""
     engine_kwargs, _ = legacy_task({k: v for k, v in spec.vllm_kwargs.items() if not k.startswith("hive_")})
     try:
@@ -85,7 +85,7 @@ def engine_overrides(spec: ModelSpec) -> tuple[dict[str, Any], "Overrides"]:
         raise PlanningError(f"vllm_kwargs.{first['loc'][0]}: {first['msg']}", 422) from exc
 
 
-def make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> "Sizer":
+def make_sizer(spec: ModelSpec, profile: ModelProfile, budget_is_applied: bool) -> Sizer:
     engine_kwargs, overrides = engine_overrides(spec)
     return Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
 
@@ -138,10 +138,10 @@ class Sizer:
             self.seq_target = -(-self.demand // spec.replicas)
         self.relaxed = False  # placement may pick a device that holds fewer than seq_target
         self._need_cache: dict[tuple[bool, int], int] = {}
-        self._plan_cache: dict[tuple, _Choice] = {}
+        self._plan_cache: dict[tuple[Any, ...], _Choice] = {}
         self._frames: dict[tuple[bool, int, int], mem.Frame] = {}
-        self._throughput: dict[tuple, Throughput] = {}
-        self._speed: dict[tuple, float] = {}
+        self._throughput: dict[tuple[Any, ...], Throughput] = {}
+        self._speed: dict[tuple[Any, ...], float] = {}
 
     def set_target(self, seqs: int) -> None:
         self.seq_target = seqs

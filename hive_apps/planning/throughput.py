@@ -77,7 +77,7 @@ class Throughput:
         if self.pooling:
             return seqs * p_len / (prefill_steps * prefill_s)
         ctx = p_len + g_len / 2
-        read = self.weights
+        read: float = self.weights
         if self.num_experts:  # experts no token of the batch routes to are not read
             touched = min(1.0, seqs * self.top_k / self.num_experts)
             read -= self.experts * (1 - touched)

@@ -24,6 +24,7 @@ total is NVML's.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -42,7 +43,7 @@ class GpuModel(BaseModel):
     fp8_tflops: float | None = None  # dense FP8 tensor; None: no FP8 tensor cores
     nvml_pattern: str  # regex over the normalised NVML name (see ``normalise``)
 
-    def speed_fields(self) -> dict:
+    def speed_fields(self) -> dict[str, Any]:
         """The Device fields this entry fills (memory excluded: a real device's comes from NVML)."""
         return {"compute_capability": self.compute_capability, "sm_count": self.sm_count,
                 "memory_bandwidth_gbps": self.memory_bandwidth_gbps, "tdp_w": self.tdp_w,

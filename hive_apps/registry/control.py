@@ -37,12 +37,13 @@ heal is in flight can never be overwritten by the healer's older copy of the rec
 
 from __future__ import annotations
 
+import builtins
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hive_apps import names
-from hive_apps.planning.types import ReplicaPlan
+from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.ledger import DeviceState, Ledger, ReservationError
-from hive_apps.planning.types import Plan
 from hive_apps.registry.records import (
     DORMANT,
     ENDED,
@@ -85,7 +86,7 @@ class Change:
 
 def heal_backoff_s(attempts: int, cap_s: float) -> float:
     """2 s, 4 s, 8 s... after each failed self-healing attempt in a row, at most ``cap_s``."""
-    return min(cap_s, HEAL_BACKOFF_BASE_S * 2 ** max(0, attempts - 1))
+    return min(cap_s, HEAL_BACKOFF_BASE_S * 2.0 ** max(0, attempts - 1))
 
 
 class ModelBook:
@@ -102,7 +103,7 @@ class ModelBook:
     def list(self) -> list[ModelRecord]:
         return [r.model_copy(deep=True) for r in sorted(self.records.values(), key=lambda r: r.created_at)]
 
-    def device_states(self) -> list[DeviceState]:
+    def device_states(self) -> builtins.list[DeviceState]:
         """Each device as the ledger sees it, plus what parked models would need back there
         (their last plan's reservation: ``dormant``)."""
         states = {s.device.id: s for s in self.ledger.states()}
@@ -115,7 +116,7 @@ class ModelBook:
                             states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
         return list(states.values())
 
-    def restore(self, stored: list[StoredModel], legacy: list[Reservation]) -> tuple[set[str], dict[str, str]]:
+    def restore(self, stored: builtins.list[StoredModel], legacy: builtins.list[Reservation]) -> tuple[set[str], dict[str, str]]:
         """Rebuild the ledger at start from the stored models: each record's own reservations. A model
         an older registry stored takes its reservations from the ``reservation/`` keys it wrote beside
         the records (``legacy``), measured bytes and states as they were; any left unbooked (that layout
@@ -131,7 +132,7 @@ class ModelBook:
         rewrite = {m for m in self.records if m not in own} | {owner[k] for k in gone}
         return rewrite & set(self.records), gone
 
-    def snapshot(self, model_id: str) -> list[Reservation]:
+    def snapshot(self, model_id: str) -> builtins.list[Reservation]:
         """Copies of what the model books now: what its stored value holds beside the record."""
         return [r.model_copy() for r in self.ledger.of_model(model_id)]
 
@@ -161,7 +162,7 @@ class ModelBook:
                                   + " | ".join(s.value for s in allowed))
         return rec.model_copy(deep=True)
 
-    def _commit(self, rec: ModelRecord, saved: list[Reservation] = (), forgotten: list[str] = ()) -> Change:
+    def _commit(self, rec: ModelRecord, saved: Iterable[Reservation] = (), forgotten: Iterable[str] = ()) -> Change:
         rec.version += 1
         self.records[rec.model_id] = rec
         self.version += 1
@@ -171,21 +172,21 @@ class ModelBook:
         """An idempotent transition that changed nothing (persisted again all the same)."""
         return Change(rec.model_id, rec.model_copy(deep=True), reservations=self.snapshot(rec.model_id))
 
-    def _release(self, keys: list[str]) -> list[str]:
+    def _release(self, keys: builtins.list[str]) -> builtins.list[str]:
         return [k for k in keys if self.ledger.release_key(k) is not None]
 
-    def _keys(self, model_id: str, indices) -> list[str]:
+    def _keys(self, model_id: str, indices: Iterable[int]) -> builtins.list[str]:
         return [names.replica_key(model_id, i) for i in indices]
 
-    def _release_host(self, model_id: str) -> list[str]:
+    def _release_host(self, model_id: str) -> builtins.list[str]:
         """Free what a level-1 sleeper held in host RAM."""
         return self._release([r.key for r in self.ledger.of_model(model_id) if r.host])
 
-    def _release_devices(self, model_id: str) -> list[str]:
+    def _release_devices(self, model_id: str) -> builtins.list[str]:
         return self._release([r.key for r in self.ledger.of_model(model_id) if not r.host])
 
     # --- transitions the admin asks for -------------------------------------------------------
-    def create(self, record: ModelRecord, reservations: list[Reservation], now: float) -> Change:
+    def create(self, record: ModelRecord, reservations: builtins.list[Reservation], now: float) -> Change:
         """A new deploy: the id must be free (or hold a failed deploy) and every replica must fit."""
         existing = self.records.get(record.model_id)
         if existing is not None and existing.status not in ENDED:
@@ -253,7 +254,7 @@ class ModelBook:
         rec.status, rec.message, rec.healing_replicas = ModelStatus.FAILED, reason, []
         return self._commit(rec, forgotten=forgotten)
 
-    def heal(self, model_id: str, version: int, replacements: list[ReplicaPlan], now: float) -> Change:
+    def heal(self, model_id: str, version: int, replacements: builtins.list[ReplicaPlan], now: float) -> Change:
         """Replacements for lost replicas are placed: reserve them and move the plan, at once."""
         rec = self._current(model_id, "heal", version, (ModelStatus.DEGRADED,))
         indices = [rp.index for rp in replacements]
@@ -357,6 +358,7 @@ class ModelBook:
         forgotten = self._release_devices(model_id)
         self.ledger.activate(model_id)  # level 1: its weights are in host RAM now
         rec.resident, rec.drift = False, {}
+        assert rec.sleep_mode is not None  # sleeps_in_place: it has one
         rec.message = (f"sleeping ({rec.sleep_mode.value} since {now:.0f}): {rec.sleep_reason}; "
                        "the next request wakes it in place")
         return self._commit(rec, saved=self.ledger.of_model(model_id), forgotten=forgotten)
@@ -392,8 +394,8 @@ class ModelBook:
                        "waking: taking its memory back in place")
         return self._commit(rec)
 
-    def placed(self, model_id: str, version: int, plan: Plan, reservations: list[Reservation],
-               placement_s: float, evicted: list[str], now: float) -> Change:
+    def placed(self, model_id: str, version: int, plan: Plan, reservations: builtins.list[Reservation],
+               placement_s: float, evicted: builtins.list[str], now: float) -> Change:
         """A model that wakes holds its memory again: where it was planned now (parked), or on the
         devices its sleeping engines are on (level 1 or 2: the same plan)."""
         rec = self._current(model_id, "placed", version, (ModelStatus.WAKING,))
@@ -461,7 +463,7 @@ class ModelBook:
         rec.message = f"scaling up: starting {names.replica_label(replica.index)} on {'+'.join(replica.devices)}"
         return self._commit(rec, saved=[new])
 
-    def _without(self, rec: ModelRecord, indices: list[int]) -> list[str]:
+    def _without(self, rec: ModelRecord, indices: builtins.list[int]) -> builtins.list[str]:
         """Drop replicas from the plan (their app was already rebuilt without them) and free them."""
         rec.plan = rec.plan.model_copy(update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in indices]})
         rec.plan_generation += 1
@@ -503,7 +505,7 @@ class ModelBook:
         return self._commit(rec, forgotten=forgotten)
 
     # --- transitions the registry makes itself --------------------------------------------------
-    def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> list[Change]:
+    def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> builtins.list[Change]:
         """Free what replicas on dead nodes held and mark them lost.
 
         A replica is on a dead node when the Ray node it was placed on is dead, even if a new
@@ -532,13 +534,14 @@ class ModelBook:
             changes[r.model_id] = change
         return list(changes.values())
 
-    def drift(self, drifted: dict[str, float]) -> list[Change]:
+    def drift(self, drifted: dict[str, float]) -> builtins.list[Change]:
         """Show in each model's status where an engine uses > 5 % more or less than reserved."""
         out = []
         for rec in list(self.records.values()):
             now = {}
             for r in self.ledger.of_model(rec.model_id):
                 if r.key in drifted:
+                    assert r.measured_bytes is not None  # drift is measured
                     now[names.replica_label(r.replica)] = (
                         f"{drifted[r.key]:+.0%}: measured {r.measured_bytes / 2**30:.2f} GiB "
                         f"vs reserved {r.bytes_per_device / 2**30:.2f} GiB")
@@ -548,7 +551,7 @@ class ModelBook:
                 out.append(self._commit(rec))
         return out
 
-    def rebuild_reservations(self, measured: dict[str, int | None]) -> list[Reservation]:
+    def rebuild_reservations(self, measured: dict[str, int | None]) -> builtins.list[Reservation]:
         """The reservations the records imply: every replica of a model that holds memory,
         except lost ones; active where the engine is up (left pending, they would expire)."""
         self.ledger.reservations.clear()

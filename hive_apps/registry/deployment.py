@@ -35,10 +35,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
+from hive_apps import metrics
 from hive_apps.cluster import NodeInfo, get_cluster, off_loop
 from hive_apps.planning.types import DeviceCapacity, ReplicaPlan
 from hive_apps.registry.control import Change, ModelBook, TransitionError
@@ -46,7 +48,6 @@ from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
 from hive_apps.registry.locks import StartLocks
 from hive_apps.registry.monitor import node_name_of
-from hive_apps import metrics
 from hive_apps.registry.records import ModelRecord, Reservation, StoredModel, dump_stored, load_stored
 from hive_apps.registry.samples import node_problems, sample_problems
 from hive_apps.registry.store import StateStore
@@ -90,7 +91,7 @@ NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "dozed", 
 
 
 class Registry:
-    async def __init__(self, settings: HiveSettings | None = None):
+    async def __init__(self, settings: HiveSettings | None = None):  # type: ignore[misc]  # Serve awaits it
         """Serve awaits this; so do the unit tests (``Registry.__new__`` then ``await __init__``)."""
         self.settings = settings or get_settings()
         self.cluster = get_cluster()
@@ -107,9 +108,9 @@ class Registry:
             if rec.policy_warning:
                 log.warning("%s: %s", rec.model_id, rec.policy_warning)
         self.start_locks = StartLocks()
-        stored = await load(START_LOCKS_KEY, StartLockState.model_validate_json)
-        if stored:
-            self.start_locks.held = dict(stored[0].held)
+        locks = await load(START_LOCKS_KEY, StartLockState.model_validate_json)
+        if locks:
+            self.start_locks.held = dict(locks[0].held)
         self.nodes: dict[str, NodeSample] = {}  # Ray node id -> latest sample
         # Ray node id -> the latest sample of the node's own Ray monitor, and its Ray labels: what
         # a pushed sample is checked against (never a pushed one, so no lie builds on another)
@@ -136,7 +137,7 @@ class Registry:
         await self.store.write(puts, deletes)
         await self._announce()
 
-    async def _rewrite(self, model_ids: set[str], deletes: list[str] = ()) -> None:
+    async def _rewrite(self, model_ids: set[str], deletes: Sequence[str] = ()) -> None:
         """Store these models again as they are now (their bookings changed outside a transition)."""
         await self.store.write({MODEL_KEY + m: dump_stored(self.book.records[m], self.ledger.of_model(m))
                                 for m in sorted(model_ids) if m in self.book.records}, deletes)
@@ -274,7 +275,7 @@ class Registry:
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: self.book.version > after),
                                        min(max(timeout_s, 0.0), WATCH_MAX_S))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return BookView(version=self.book.version, models=self.book.list())
 

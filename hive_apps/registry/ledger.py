@@ -230,7 +230,7 @@ class Ledger:
     def release_key(self, key: str) -> Reservation | None:
         return self.reservations.pop(key, None)
 
-    def on_nodes(self, node_names: set[str], node_ids: set[str] = frozenset()) -> list[Reservation]:
+    def on_nodes(self, node_names: set[str], node_ids: set[str] | frozenset[str] = frozenset()) -> list[Reservation]:
         """Reservations placed on any of these Ray nodes; one stored without a node id goes by the
         node names in its device ids ('<node>:<device>')."""
         return [r for r in self.reservations.values()

@@ -21,6 +21,8 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 from pydantic import BaseModel
@@ -71,14 +73,14 @@ def gpu_device_files(dev_dir: str | None = None) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"nvidia(\d+)", n)))
 
 
-def _pynvml():
+def _pynvml() -> Any:
     """The NVML binding (nvidia-ml-py); tests replace ``sys.modules['pynvml']`` with a fake."""
     import pynvml
 
     return pynvml
 
 
-def _text(v) -> str:
+def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -120,21 +122,21 @@ def read_nvml_gpus(node_id: str, node_name: str) -> NvmlReading:
     return NvmlReading(devices=devices)
 
 
-def _optional(nvml, fn, *args):
+def _optional(nvml: Any, fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except (nvml.NVMLError, AttributeError, NotImplementedError):
         return None
 
 
-def _read_device(nvml, node_id: str, node_name: str, i: int) -> Device:
+def _read_device(nvml: Any, node_id: str, node_name: str, i: int) -> Device:
     h = nvml.nvmlDeviceGetHandleByIndex(i)
     name = _text(nvml.nvmlDeviceGetName(h))
     mem = nvml.nvmlDeviceGetMemoryInfo(h)
     cc = tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))
     known = identify(name, mem.total)
     if known is not None:
-        fields, estimates = known.speed_fields(), []
+        fields, estimates = known.speed_fields(), []  # type: dict[str, Any], list[str]
         fields["compute_capability"] = cc  # NVML's word on the card in hand
         key = known.key
     else:
@@ -147,11 +149,11 @@ def _read_device(nvml, node_id: str, node_name: str, i: int) -> Device:
     )
 
 
-def estimate_figures(nvml, h, name: str, cc: tuple[int, int]) -> tuple[dict, list[str]]:
+def estimate_figures(nvml: Any, h: Any, name: str, cc: tuple[int, int]) -> tuple[dict[str, Any], list[str]]:
     """Figures of a card the catalog does not know, from what NVML reports, each with a warning."""
     notes = [f"{name!r} is not in the GPU catalog (hive_apps/registry/catalog.py); the figures below are "
              "estimated from NVML, add the card to the catalog for datasheet figures"]
-    fields: dict = {"compute_capability": cc}
+    fields: dict[str, Any] = {"compute_capability": cc}
     mem_mhz = _optional(nvml, nvml.nvmlDeviceGetMaxClockInfo, h, nvml.NVML_CLOCK_MEM)
     bus = _optional(nvml, nvml.nvmlDeviceGetMemoryBusWidth, h)
     if mem_mhz and bus:

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -19,7 +19,7 @@ from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.devices import host_id
 from hive_apps.spec import ModelSpec
 
-SCHEMA_VERSION = 1  # of the stored records below; a record of another version is quarantined
+SCHEMA_VERSION: Final = 1  # of the stored records below; a record of another version is quarantined
 HOST_SUFFIX = "@host"  # a host-RAM reservation's key: ``<model_id>/r<i>@host``
 
 
@@ -64,12 +64,12 @@ class Reservation(BaseModel):
         return (self.measured_bytes - self.bytes_per_device) / self.bytes_per_device
 
     @classmethod
-    def for_replica(cls, model_id: str, rp: ReplicaPlan, measured_bytes: int | None = None) -> "Reservation":
+    def for_replica(cls, model_id: str, rp: ReplicaPlan, measured_bytes: int | None = None) -> Reservation:
         return cls(model_id=model_id, replica=rp.index, devices=rp.devices, node_id=rp.node_id,
                    bytes_per_device=rp.reservation_bytes, measured_bytes=measured_bytes)
 
     @classmethod
-    def on_host(cls, model_id: str, rp: ReplicaPlan) -> "Reservation":
+    def on_host(cls, model_id: str, rp: ReplicaPlan) -> Reservation:
         """Host RAM for the weights of a replica asleep at level 1 (every rank's, on its node): pending
         until the engine slept and the weights are there (``dozed``)."""
         return cls(model_id=model_id, replica=rp.index, devices=[host_id(rp.node_name)], node_id=rp.node_id,
@@ -166,10 +166,10 @@ class ModelRecord(BaseModel):
     woke_at: float | None = None  # when it last became ready after sleeping (minimum residency)
     destroy_reason: str = ""  # set while an idle model is removed; then status is destroyed
     # why today's policy refuses its stored spec (set when the registry reads it back; never stored)
-    policy_warning: str = Field("", exclude=True)
+    policy_warning: str = Field(default="", exclude=True)
 
     @classmethod
-    def from_stored(cls, raw: bytes) -> "ModelRecord":
+    def from_stored(cls, raw: bytes) -> ModelRecord:
         """A record as the registry stored it. Its spec was accepted when it was deployed, so one that
         today's policy refuses (a narrowed setting, a stricter ModelSpec after an upgrade) keeps running,
         with the reason in ``policy_warning`` and its message, until an operator deletes it. Raises only
@@ -222,7 +222,7 @@ class ModelRecord(BaseModel):
 
 # ModelSpec's fields and types without its validators or constraints: how a stored spec that today's
 # policy refuses is still read (``ModelRecord.from_stored``)
-_StoredSpec = create_model(
+_StoredSpec = create_model(  # type: ignore[call-overload]  # fields built at import
     "StoredSpec", __config__=ConfigDict(extra="ignore", protected_namespaces=()),
     **{name: (f.annotation, Field(default_factory=f.default_factory) if f.default_factory else f.default)
        for name, f in ModelSpec.model_fields.items()})

@@ -32,7 +32,7 @@ def sample_problems(sample: NodeSample) -> list[str]:
         problems.append(f"cpu_count must be >= 1, got {sample.cpu_count}")
     if len(sample.devices) > MAX_DEVICES:
         problems.append(f"{len(sample.devices)} devices; at most {MAX_DEVICES} per node")
-    seen_ids, seen_indices, seen_uuids = set(), set(), set()
+    seen_ids, seen_indices, seen_uuids = set(), set(), set()  # type: set[object], set[object], set[object]
     for d in sample.devices:
         where = f"device {d.id!r}"
         if d.node_name != sample.node_name:

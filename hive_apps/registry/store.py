@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -34,7 +34,7 @@ class StateStore:
         self.timeout_s = timeout_s
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hive-kv")
 
-    async def write(self, puts: dict[str, BaseModel | bytes], deletes: list[str] = ()) -> None:
+    async def write(self, puts: dict[str, BaseModel | bytes], deletes: Sequence[str] = ()) -> None:
         """Queue every write (puts first, then deletes) before waiting on any, so writes land in order.
         Each key lands on its own: a crash may cut a call between two of them."""
         loop = asyncio.get_running_loop()

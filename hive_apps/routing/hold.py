@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response, StreamingResponse
 
@@ -88,7 +88,7 @@ def _log_refusal(request_id: str | None, rec: ModelRecord) -> None:
 
 
 class WakeHold:
-    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], object] | None = None, entry: str = "router"):
+    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], Awaitable[object]] | None = None, entry: str = "router"):
         self.settings = settings
         self.entry = entry  # who holds (gateway or router), for hive_held_requests
         self.records: dict[str, ModelRecord] = {}
@@ -128,7 +128,7 @@ class WakeHold:
         try:
             return await asyncio.wait_for(self._until_serving(model_id, time.time(), request_id),
                                           self.settings.hold_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             rec = self.records.get(model_id)
             where = f"; it is {rec.status.value}, and {where_details_are(model_id, request_id)}" if rec else ""
             metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="hold_timeout")
@@ -195,10 +195,11 @@ async def held_stream(hold: WakeHold, model_id: str, keepalive_s: float,
             try:
                 rec = waiting.result()
             except HoldRefused as e:
-                yield sse_error(e.response.status_code, json.loads(e.response.body)["error"]["message"])
+                yield sse_error(e.response.status_code, json.loads(bytes(e.response.body))["error"]["message"])
                 return
             items = then(rec)
             start = await items.__anext__()
+            assert isinstance(start, ResponseStart)  # an engine reply starts with its headers
             if start.status != 200:
                 raw = b"".join([c async for c in items if isinstance(c, bytes)])
                 yield sse_error(start.status, _message(raw))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.requests import Request
@@ -96,7 +95,7 @@ async def request_problem(path: str, req: ForwardedRequest, fields: BodyFields,
         fields.body, media_hosts, off_loop=len(req.body) > PARSE_OFF_LOOP_BYTES)
 
 
-async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFields) -> Response:
+async def respond(replicas: ReplicaSet, req: ForwardedRequest, fields: BodyFields) -> Response:
     """Answer through a model's replicas: a unary call, or a stream when the body asks for one."""
     if fields.stream:
         return await to_response(replicas.stream(req))
@@ -104,7 +103,7 @@ async def respond(replicas: "ReplicaSet", req: ForwardedRequest, fields: BodyFie
     return Response(body, status_code=start.status, headers=_passed_headers(start), media_type=start.content_type)
 
 
-async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], "ReplicaSet"], hold: WakeHold,
+async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], ReplicaSet], hold: WakeHold,
                       req: ForwardedRequest, fields: BodyFields, client: str | None = None) -> Response:
     """Answer for a model in any state: served now, held while it wakes, or refused with why.
     ``client``: who sent it (``routing/hold.py`` ``client_of``), for its share of the hold."""
@@ -134,6 +133,7 @@ async def to_response(rest: AsyncIterator[bytes | ResponseStart]) -> Response:
     A stream broken midway ends with an SSE error event.
     """
     start = await rest.__anext__()
+    assert isinstance(start, ResponseStart)  # an engine reply starts with its headers
     is_sse = start.content_type.startswith("text/event-stream")
 
     async def body() -> AsyncIterator[bytes]:

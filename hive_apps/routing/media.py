@@ -152,4 +152,4 @@ async def remote_media_problem(body: dict[str, Any] | None, allowed_hosts: list[
 
 def resolve_host(host: str) -> list[str]:
     """Every address a name resolves to (blocking: call it off the event loop)."""
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, None)})
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None)})

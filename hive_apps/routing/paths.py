@@ -8,6 +8,7 @@ holder. Paths are matched after rejecting anything a normaliser could turn into 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from hive_apps.routing.split import fanout_problem
 
@@ -45,7 +46,7 @@ def is_models_list(method: str, path: str) -> bool:
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def body_problem(path: str, body: dict | None) -> tuple[str, str] | None:
+def body_problem(path: str, body: dict[str, Any] | None) -> tuple[str, str] | None:
     """What OpenAI would refuse with a 400 before any model runs: ``(message, param)``, or None.
     Audio routes take multipart forms, checked by the engine."""
     if path.startswith("/v1/audio/"):

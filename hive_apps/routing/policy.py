@@ -32,7 +32,7 @@ class ReplicaView(BaseModel):
     token_budget: int = 8192  # planned max_num_batched_tokens
 
     @classmethod
-    def of_plan(cls, rp: ReplicaPlan) -> "ReplicaView":
+    def of_plan(cls, rp: ReplicaPlan) -> ReplicaView:
         seqs = max(1, rp.settings.max_num_seqs)
         return cls(index=rp.index, capacity=seqs, seq_tokens_per_s=(rp.expected_tokens_per_s or 0.0) / seqs,
                    token_budget=max(1, rp.settings.max_num_batched_tokens))
@@ -55,7 +55,7 @@ def queue_full(replicas: list[ReplicaView], bound: int) -> bool:
     return sum(r.load - r.capacity for r in healthy) >= bound
 
 
-def choose_replica(replicas: list[ReplicaView], exclude: set[int] = frozenset()) -> ReplicaView | None:
+def choose_replica(replicas: list[ReplicaView], exclude: set[int] | frozenset[int] = frozenset()) -> ReplicaView | None:
     candidates = [r for r in replicas if r.healthy and r.index not in exclude]
     if not candidates:
         return None

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -89,7 +89,7 @@ class ReplicaSet:
         self.views = {rp.index: ReplicaView.of_plan(rp) for rp in replicas}
         self.devices = {rp.index: list(rp.devices) for rp in replicas}
         self.loads: dict[int, EngineLoad] = {}  # the last load each replica reported
-        self.on_refresh: Callable[["ReplicaSet"], None] | None = None  # after each load poll (the router's metrics)
+        self.on_refresh: Callable[[ReplicaSet], None] | None = None  # after each load poll (the router's metrics)
         self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in handles}
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -99,7 +99,7 @@ class ReplicaSet:
         self._read_timeout_s = 0.0  # the connections' idle limit, set with them
 
     @classmethod
-    def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> "ReplicaSet":
+    def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> ReplicaSet:
         """Handles to the engines of a running model app, found by name."""
         cluster = get_cluster()
         handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
@@ -121,7 +121,8 @@ class ReplicaSet:
         deadline = time.monotonic() + self._read_timeout_s
         while any(v.in_flight for v in self.views.values()) and time.monotonic() < deadline:
             await asyncio.sleep(1.0)
-        await self._http.close()
+        if self._http is not None:
+            await self._http.close()
 
     async def _poll_load(self) -> None:
         while True:
@@ -178,7 +179,7 @@ class ReplicaSet:
         return await asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S)
 
     async def _request(self, endpoint: EngineEndpoint, method: str, path: str, body: bytes = b"",
-                       headers: list[tuple[str, str]] = (), timeout: float | None = None,
+                       headers: Sequence[tuple[str, str]] = (), timeout: float | None = None,
                        unary: bool = False) -> aiohttp.ClientResponse:
         """One request to a replica's own port; the caller reads and releases the response.
         ``unary``: no idle limit on the answer (``_while_alive`` watches the engine instead)."""
@@ -189,7 +190,7 @@ class ReplicaSet:
             idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=self._read_timeout_s)
             self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
                                                auto_decompress=False)
-        extra = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
+        extra: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
         if unary:
             extra = {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)}
         return await self._http.request(method, endpoint.url + path, data=body,
@@ -220,7 +221,7 @@ class ReplicaSet:
                                                    timeout=min(PROBE_TIMEOUT_S, idle_s)) as probe:
                         if probe.status == 200:
                             continue
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 raise EngineHung(f"the engine sent nothing for {get_settings().engine_read_timeout_s:.0f}s "
                                  "(HIVE_ENGINE_READ_TIMEOUT_S) and does not answer its load probe")
@@ -236,19 +237,19 @@ class ReplicaSet:
             return None
         metrics.publisher().count("hive_rejected", model=self.model_id, code="429", reason="queue_full")
         start = ResponseStart(status=429, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))])
-        return start, openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests are "
-                                        f"already queued; retry after {RETRY_AFTER_S}s").body
+        return start, bytes(openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests "
+                                              f"are already queued; retry after {RETRY_AFTER_S}s").body)
 
     def _unavailable(self, last_error: Exception | None) -> Reply:
         metrics.publisher().count("hive_rejected", model=self.model_id, code="503", reason="no_replica")
         msg = f"no replica of model '{self.model_id}' could take the request"
         if last_error is not None:
             msg += f" (last error: {type(last_error).__name__})"
-        return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), openai_error(503, msg).body
+        return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), bytes(openai_error(503, msg).body)
 
     def _hung(self, e: EngineHung) -> Reply:
         metrics.publisher().count("hive_rejected", model=self.model_id, code="504", reason="engine_hung")
-        return ResponseStart(status=504, headers=[JSON]), openai_error(504, f"model '{self.model_id}': {e}").body
+        return ResponseStart(status=504, headers=[JSON]), bytes(openai_error(504, f"model '{self.model_id}': {e}").body)
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
         view.healthy = False  # until the next load poll says otherwise
@@ -385,12 +386,12 @@ def _start_of(resp: aiohttp.ClientResponse) -> ResponseStart:
     return ResponseStart(status=resp.status, headers=list(resp.headers.items()))
 
 
-async def _relay(items: AsyncIterator) -> AsyncIterator:
+async def _relay(items: Any) -> AsyncGenerator[Any, None]:
     async for item in items:
         yield item
 
 
-async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncIterator[ResponseStart | bytes]:
+async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncGenerator[ResponseStart | bytes, None]:
     """An engine's HTTP reply in the shape a Serve stream has: its start, then body chunks."""
     async with resp:
         yield _start_of(_checked(resp))

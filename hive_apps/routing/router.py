@@ -20,12 +20,19 @@ from hive_apps import metrics, names
 from hive_apps.auth import check_api_key
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
-from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
-from hive_apps.routing.http import (BodyTooLarge, parse_fields, read_forwarded, request_problem, respond, respond_for,
-                                    too_large)
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord, ModelStatus
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
 from hive_apps.routing.hold import WakeHold, client_of
+from hive_apps.routing.http import (
+    BodyTooLarge,
+    parse_fields,
+    read_forwarded,
+    request_problem,
+    respond,
+    respond_for,
+    too_large,
+)
+from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 

@@ -57,7 +57,7 @@ def proportional_shares(free: list[int], total: int) -> list[int]:
     return shares
 
 
-def _prompt_list(prompt: Any) -> list | None:
+def _prompt_list(prompt: Any) -> list[Any] | None:
     """Several prompts (strings, or lists of token ids); a single list of ids is one prompt."""
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         return prompt
@@ -116,7 +116,7 @@ def plan_split(path: str, body: dict[str, Any], views: list[ReplicaView]) -> Spl
 def merge_answers(split: Split, answers: list[dict[str, Any]]) -> dict[str, Any]:
     """One answer from the parts' answers, in the order of the parts."""
     merged = dict(answers[0])
-    choices = []
+    choices: list[dict[str, Any]] = []
     for answer in answers:
         for choice in sorted(answer.get("choices", []), key=lambda c: c.get("index", 0)):
             choices.append({**choice, "index": len(choices)})

@@ -351,7 +351,8 @@ def _download_hub(job: _Fetch, file: RemoteFile) -> str:
             partial = cache.partial_path(manifest, file, meta.etag)
             assert partial is not None
             with hub_online(), _PartialFile(partial, expected, job, file.path) as out:
-                http_get(meta.location, out, resume_size=out.size, headers=headers, expected_size=file.size,
+                http_get(meta.location, out,  # type: ignore[arg-type]  # a file-like wrapper around the partial file
+                         resume_size=out.size, headers=headers, expected_size=file.size,
                          displayed_filename=file.path, tqdm_class=silent_tqdm)
                 sha256 = out.finish(blob)
         cache.link_hub_file(manifest, file, meta.etag)
@@ -422,7 +423,7 @@ def _recheck(job: _Fetch, file: RemoteFile) -> None:
     manifest, cache = job.manifest, job.cache
     record = cache.record(manifest.key)
     seen = record.verified.get(file.path) if record is not None else None
-    sha256 = _verified_sha256(cache.file_path(manifest, file), _expected(manifest, file, seen and seen.sha256))
+    sha256 = _verified_sha256(cache.file_path(manifest, file), _expected(manifest, file, seen.sha256 if seen is not None else None))
     if sha256 is None:
         log.warning("%s: %s on %s is corrupt: fetching it again", manifest.source, file.path, cache.node_name)
         cache.discard(manifest, file)

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -152,7 +152,7 @@ def _in_process_inspection():
     registry._run_in_subprocess = original
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model_config(name: str, kv_cache_dtype: str = "auto"):
     """vLLM's ModelConfig, or None for the multimodal fixtures (see the module docstring)."""
     import vllm.config  # noqa: F401  (resolves circular imports in the config layer)
@@ -164,13 +164,14 @@ def _model_config(name: str, kv_cache_dtype: str = "auto"):
     return ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _arch(name: str):
     """ModelArchConfigConvertor output for a config ModelConfig cannot be built for."""
     import vllm.config  # noqa: F401
     from transformers import AutoConfig
     from vllm.transformers_utils.model_arch_config_convertor import (
-        MODEL_ARCH_CONFIG_CONVERTORS, ModelArchConfigConvertorBase,
+        MODEL_ARCH_CONFIG_CONVERTORS,
+        ModelArchConfigConvertorBase,
     )
 
     cfg = AutoConfig.from_pretrained(fixture_path(name), local_files_only=True)
@@ -211,7 +212,10 @@ class VllmKv:
         from vllm.config import ModelConfig, ParallelConfig
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype, resolve_kv_cache_dtype_string
         from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, get_kv_quant_mode,
+            FullAttentionSpec,
+            MLAAttentionSpec,
+            SlidingWindowSpec,
+            get_kv_quant_mode,
         )
 
         pc = ParallelConfig(tensor_parallel_size=tp)
@@ -447,7 +451,9 @@ def meta_build():
 
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import (
-        destroy_distributed_environment, destroy_model_parallel, init_distributed_environment,
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
         initialize_model_parallel,
     )
 
@@ -542,7 +548,7 @@ class Built:
                           load_config=LoadConfig(load_format="dummy"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def built(name: str, tp: int, cpu_path: str) -> Built:
     """``cpu_path`` keys the cache: the same fixture is built once on each CPU path."""
     return Built(name, tp)

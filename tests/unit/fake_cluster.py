@@ -10,9 +10,9 @@ from __future__ import annotations
 import inspect
 import pickle
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from hive_apps import names
@@ -51,7 +51,7 @@ class LocalHandle:
     def __getattr__(self, name: str) -> _Method:
         return _Method(self.target, name)
 
-    def options(self, **_) -> "LocalHandle":
+    def options(self, **_) -> LocalHandle:
         return self
 
 
@@ -74,7 +74,7 @@ class FakeEngine:
     state, so it outlives handles) it sleeps in place like vLLM's sleep mode."""
 
     def __init__(self, devices: list[str], start_s: float, load: Callable[[], EngineLoad],
-                 sleep: "FakeSleep | None" = None):
+                 sleep: FakeSleep | None = None):
         self.devices, self.start_s, self._load, self._sleep = devices, start_s, load, sleep
 
     def info(self) -> dict:

@@ -50,7 +50,7 @@ def fixture_path(name: str) -> str:
     return os.path.abspath(os.path.join(FIXTURES, name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_profile(name: str, frozen_kwargs: tuple):
     from hive_apps.planning.profile import load_profile
 

@@ -18,7 +18,7 @@ class FakeActor:
 
 
 class FakeRemote:
-    def options(self, **_) -> "FakeRemote":
+    def options(self, **_) -> FakeRemote:
         return self
 
     def remote(self, node_id: str, labels: dict) -> FakeActor:

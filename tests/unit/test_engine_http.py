@@ -296,7 +296,7 @@ async def _read_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tu
         except (ConnectionResetError, BrokenPipeError):
             chunk = b""
         except TimeoutError:
-            raise AssertionError(f"still open after {limit_s}s; got {data[:80]!r}")
+            raise AssertionError(f"still open after {limit_s}s; got {data[:80]!r}") from None
         if not chunk:
             return data, loop.time() - t0
         data += chunk

@@ -10,7 +10,8 @@ import pytest
 from hive_apps import names
 from hive_apps.auth import monitor_token_node, node_monitor_token
 from hive_apps.cluster import set_cluster
-from hive_apps.monitor import main as monitor_main, parser
+from hive_apps.monitor import main as monitor_main
+from hive_apps.monitor import parser
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.devices import DeviceKind, NodeSample
 from hive_apps.registry.monitor import NODE_NAME_LABEL, SIM_GPUS_LABEL

@@ -11,7 +11,11 @@ import pytest
 
 from hive_apps.planning.deployment import plan_or_error
 from hive_apps.planning.parsers import (
-    REASONING_PARSERS, TOOL_PARSERS, apply_choice, choose_parsers, read_chat_template,
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    apply_choice,
+    choose_parsers,
+    read_chat_template,
 )
 from hive_apps.planning.types import PlanningError
 from hive_apps.settings import get_settings

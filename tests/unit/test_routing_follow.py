@@ -4,8 +4,8 @@ import asyncio
 
 from hive_apps.cluster import set_cluster
 from hive_apps.routing.follow import ModelReplicas, live_plan
-from tests.unit.test_controller import Hive
 from tests.unit.fake_cluster import FakeCluster
+from tests.unit.test_controller import Hive
 
 
 async def test_a_lost_replica_leaves_the_replica_set_and_a_moved_one_is_rebuilt():
@@ -76,7 +76,6 @@ async def test_a_router_whose_view_still_says_deploying_asks_the_registry(monkey
     /<id>/v1 right after one on /v1). It now asks the registry once and serves."""
     import httpx
     from starlette.requests import Request
-
     from starlette.responses import Response
 
     from hive_apps.registry.records import ModelStatus

@@ -8,7 +8,6 @@ import hashlib
 import re
 
 import httpx
-
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route

@@ -6,8 +6,8 @@ revision a heal is pinned to, and the admin's room check before anything is book
 from __future__ import annotations
 
 import asyncio
-import os
 import json
+import os
 import random
 import uuid
 from pathlib import Path

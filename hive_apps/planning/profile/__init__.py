@@ -26,10 +26,16 @@ Every ``hive_*`` key is the hive's, never vLLM's: the planner strips them from t
 """
 
 from hive_apps.planning.multimodal import MmItem, TowerInfo
-from hive_apps.planning.profile.load import load_profile, profile_from_config_dict
 from hive_apps.planning.profile.families import Family
-from hive_apps.planning.profile.model import AttentionGroup, ModelProfile, ParamCounts, QuantScheme, StateGroup
-from hive_apps.planning.profile.model import VLLM_QUANTIZATION_METHODS
+from hive_apps.planning.profile.load import load_profile, profile_from_config_dict
+from hive_apps.planning.profile.model import (
+    VLLM_QUANTIZATION_METHODS,
+    AttentionGroup,
+    ModelProfile,
+    ParamCounts,
+    QuantScheme,
+    StateGroup,
+)
 
 __all__ = [
     "AttentionGroup", "Family", "ModelProfile", "ParamCounts", "QuantScheme", "StateGroup", "TowerInfo", "MmItem",

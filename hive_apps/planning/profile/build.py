@@ -6,7 +6,7 @@ how to supply it, never as a 500 and never as a smaller reservation than vLLM's.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from hive_apps.planning.profile import quant, towers
 from hive_apps.planning.profile import vllm_registry as registry
@@ -91,7 +91,7 @@ def _runner(architecture: str, vllm_kwargs: dict[str, Any]) -> Literal["generate
     """vLLM's runner="auto" resolution, abridged: *ForCausalLM generates, *Model pools."""
     requested = vllm_kwargs.get("runner")
     if requested in ("generate", "pooling"):
-        return requested
+        return cast(Literal["generate", "pooling"], requested)
     if vllm_kwargs.get("task") in ("embed", "embedding"):  # vLLM's old name (vllm_args.legacy_task)
         return "pooling"
     if vllm_kwargs.get("convert") in ("embed", "classify", "reward"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from hive_apps.planning.types import PlanningError
 
@@ -45,7 +45,7 @@ def config_from_dict(d: dict[str, Any]) -> Any:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         model_type = d.get("model_type")
-        if model_type in CONFIG_MAPPING:
+        if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
             return CONFIG_MAPPING[model_type].from_dict(dict(d))
     except Exception:
         pass
@@ -73,7 +73,7 @@ def read_json(folder: str, name: str) -> dict[str, Any] | None:
         return None
     try:
         with open(p) as f:
-            return json.load(f)
+            return cast(dict[str, Any], json.load(f))
     except (OSError, ValueError):
         return None
 

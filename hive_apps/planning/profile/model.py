@@ -128,7 +128,7 @@ def weights_by_role(counts: ParamCounts, quant: QuantScheme | None, dtype_bytes:
     out: dict[str, float] = {}
     for role in ROLES:
         quantized = quant is not None and (role.removesuffix("_rep") in quant.quantized_roles)
-        per = quant.bytes_per_param if quantized else dtype_bytes
+        per = quant.bytes_per_param if quant is not None and quantized else dtype_bytes
         out[role] = getattr(counts, role) * per
     return out
 

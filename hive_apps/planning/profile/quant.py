@@ -93,7 +93,7 @@ def kv_cache_dtype(requested: Any, q: dict[str, Any] | None, notes: list[str]) -
         return "auto"
     method = q.get("quant_method", "")
     if method.startswith("modelopt"):
-        inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+        inner: dict[str, Any] = q["quantization"] if isinstance(q.get("quantization"), dict) else q
         algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
                 or q.get("kv_cache_quant_algo"))
         if isinstance(algo, dict):
@@ -229,8 +229,8 @@ def quant_scheme(q: dict[str, Any] | None, online: Any) -> QuantScheme | None:
             return None
         return QuantScheme(method=method, weight_format=fmt, bytes_per_param=worst, quantized_roles=roles,
                            fp8_weights=fp8, weight_only=weight_only)
-    bits = q.get("bits") or q.get("weight_bits") or q.get("w_bit")
-    if bits:
-        return QuantScheme(method=method or "unknown", weight_format=f"{method} {bits}-bit",
-                           bytes_per_param=int(bits) / 8, quantized_roles=roles)
+    width = q.get("bits") or q.get("weight_bits") or q.get("w_bit")
+    if width:
+        return QuantScheme(method=method or "unknown", weight_format=f"{method} {width}-bit",
+                           bytes_per_param=int(width) / 8, quantized_roles=roles)
     return None

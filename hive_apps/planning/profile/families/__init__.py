@@ -23,10 +23,21 @@ from __future__ import annotations
 import importlib
 
 from hive_apps.planning.profile.families.base import (
-    KV_SHAPING_KEYS, VLLM_MLA_MODEL_TYPES, Ctx, Dims, Family, Layer, MoeInfo,
+    KV_SHAPING_KEYS,
+    VLLM_MLA_MODEL_TYPES,
+    Ctx,
+    Dims,
+    Family,
+    Layer,
+    MoeInfo,
 )
 from hive_apps.planning.profile.families.common import (
-    EncoderFamily, FalconFamily, GptOssFamily, QkNormFamily, Qwen2Family, UngatedFamily,
+    EncoderFamily,
+    FalconFamily,
+    GptOssFamily,
+    QkNormFamily,
+    Qwen2Family,
+    UngatedFamily,
 )
 from hive_apps.planning.profile.families.gemma import Gemma2Family, Gemma3Family, Gemma3nFamily, Gemma4Family
 from hive_apps.planning.profile.families.hybrid import NemotronHFamily, NemotronNasFamily, Qwen3NextFamily

@@ -169,10 +169,12 @@ class Family:
                 "layout the hive does not know, a vllm_kwargs['hive_attention_cls'] hook then supplies "
                 "the KV bytes per token and the multimodal tokens per item", 422,
             )
+        assert hidden and layers and heads and vocab and intermediate  # none is missing (checked above)
         return Dims(int(hidden), int(layers), int(heads), int(vocab), int(intermediate))
 
     def intermediate_size(self) -> int | None:
-        return self.num("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "moe_intermediate_size")
+        size: int | None = self.num("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "moe_intermediate_size")
+        return size
 
     def kv_heads(self, lc: Any = None) -> int:
         """vLLM's ``get_total_num_kv_heads``: the usual aliases, else every attention head."""
@@ -284,7 +286,7 @@ class Family:
         """Identical attention caches, full-attention groups first (the order vLLM's hybrid rules read)."""
         if self.encoder_only():
             return []
-        counts: dict[tuple, int] = {}
+        counts: dict[tuple[Any, ...], int] = {}
         for layer in self.layers:
             if layer.kv_shared:
                 continue
@@ -295,7 +297,7 @@ class Family:
                                head_size_v=k[3], replicated=k[4], sliding_window=k[5],
                                fixed_bytes_per_token=k[6], role=k[7]) for k in keys]
 
-    def cache_keys(self, layer: Layer) -> list[tuple]:
+    def cache_keys(self, layer: Layer) -> list[tuple[Any, ...]]:
         """(kind, kv heads, head size, head size v, replicated, window, fixed bytes, role) per cache of a layer."""
         if layer.mixer == "attn":
             return [("full", layer.kv_heads, layer.head_size, layer.head_size_v, False, None, None, "kv")]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from hive_apps.planning.profile.families.base import Family, Layer, MoeInfo
 from hive_apps.planning.profile.model import ParamCounts
+
 
 class EncoderFamily(Family):
     """BERT-style bidirectional encoders: no KV cache; embeddings, biased linears, pooler."""
@@ -72,7 +73,7 @@ class GptOssFamily(Family):
 class UngatedFamily(Family):
     """Decoders whose MLP has two matrices, not three."""
 
-    model_types = ("gpt2", "gpt_neox", "gptj", "opt", "phi", "starcoder2", "gpt_bigcode", "bloom", "nemotron")
+    model_types: ClassVar[tuple[str, ...]] = ("gpt2", "gpt_neox", "gptj", "opt", "phi", "starcoder2", "gpt_bigcode", "bloom", "nemotron")
     gated_mlp = False
 
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from hive_apps.planning.profile import fields
 from hive_apps.planning.profile.families.base import Family, Layer
 from hive_apps.planning.profile.fields import Unmodelled
 from hive_apps.planning.profile.model import ParamCounts
 
+
 class Gemma2Family(Family):
     """Gemma 2: four norms per layer, alternating sliding and global layers."""
 
-    model_types = ("gemma2",)
+    model_types: ClassVar[tuple[str, ...]] = ("gemma2",)
     norms_per_layer = 4
 
 
@@ -53,7 +54,8 @@ class Gemma3nFamily(_SharedKVLayers):
 
     def intermediate_size(self) -> int | None:
         v = self.get("intermediate_size")
-        return max(v) if isinstance(v, list) and v else fields.num(self.text, "intermediate_size")
+        size: int | None = max(v) if isinstance(v, list) and v else fields.num(self.text, "intermediate_size")
+        return size
 
     def layer_intermediate(self, lc: Any, i: int) -> int:
         v = self.get("intermediate_size")

@@ -10,6 +10,7 @@ from hive_apps.planning.profile.families.base import Family, Layer, MoeInfo
 from hive_apps.planning.profile.fields import Unmodelled
 from hive_apps.planning.profile.model import ParamCounts
 
+
 class NemotronHFamily(Family):
     """Nemotron-H: ``hybrid_override_pattern`` of Mamba-2 (M), MLP (-), attention (*) and MoE (E) layers."""
 
@@ -24,7 +25,8 @@ class NemotronHFamily(Family):
 
     def intermediate_size(self) -> int | None:
         v = self.get("intermediate_size", "moe_intermediate_size")
-        return max(v) if isinstance(v, list) and v else v
+        size: int | None = max(v) if isinstance(v, list) and v else v
+        return size
 
     def pattern(self) -> str:
         n = self.dims.layers

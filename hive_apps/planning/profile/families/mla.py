@@ -3,11 +3,13 @@ configs vLLM runs as plain attention."""
 
 from __future__ import annotations
 
+from typing import Any
 
 from hive_apps.planning.profile.families.base import VLLM_MLA_MODEL_TYPES, Family, Layer, MoeInfo
 from hive_apps.planning.profile.fields import Unmodelled
-from hive_apps.planning.profile.quant import MLA_PACKED_BYTES
 from hive_apps.planning.profile.model import ParamCounts
+from hive_apps.planning.profile.quant import MLA_PACKED_BYTES
+
 
 class _MlaShaped(Family):
     """Configs with DeepSeek's low-rank attention projections (q_lora_rank, kv_lora_rank, qk_*_head_dim)."""
@@ -71,7 +73,7 @@ class MlaFamily(_MlaShaped):
         head = int(self.num("index_head_dim"))
         return head + head // 128 * 4  # fp8 key + one fp32 scale per 128 elements (uint8 cache)
 
-    def cache_keys(self, layer: Layer) -> list[tuple]:
+    def cache_keys(self, layer: Layer) -> list[tuple[Any, ...]]:
         if layer.mixer != "mla":
             return super().cache_keys(layer)
         kv_rank, _, _, rope, _ = self.mla_dims()
