@@ -43,6 +43,7 @@ WATCH_S = 30.0  # longest single long-poll of the registry
 SWEEP_S = 30.0  # how often apps that no record explains are looked for
 DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
 FAILED_CLEANUP_WAIT_S = 60.0
+MAX_KEY_CHARS = 1024  # a weights cache key (source + revision) is far shorter; bounds what reaches the nodes
 
 
 class AdminError(Exception):
@@ -325,7 +326,8 @@ class Admin(ControlPlane):
                 "bytes": manifest.total_bytes, "nodes": {n: p.model_dump(mode="json") for n, p in progress.items()}}
 
     @app.delete("/weights", responses=error_responses(401, 404, 409))
-    async def remove_weights(self, key: str = Query(..., description="The cache key, as GET /admin/weights lists it."),
+    async def remove_weights(self, key: str = Query(..., max_length=MAX_KEY_CHARS,
+                                                    description="The cache key, as GET /admin/weights lists it."),
                              node: str | None = Query(None, description="One node's copy; default: every node's.")):
         """Remove cached weights no deployed model uses (409 while one does)."""
         in_use = await self.reconciler.weights_in_use()

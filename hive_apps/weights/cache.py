@@ -180,7 +180,7 @@ class NodeCache:
     def record(self, key: str) -> EntryRecord | None:
         try:
             return EntryRecord.model_validate_json(self._record_path(key).read_bytes())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # none, or a key no file can be named after (too long: ENAMETOOLONG)
             return None
 
     def _save(self, record: EntryRecord) -> None:
