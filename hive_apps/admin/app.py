@@ -33,6 +33,7 @@ from hive_apps.planning.report import render_plan_table
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState
 from hive_apps.registry.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
+from hive_apps.registry.transitions import Create, Delete
 from hive_apps.settings import get_settings
 from hive_apps.spec import ModelSpec
 from hive_apps.weights.types import SourceError
@@ -215,7 +216,8 @@ class Admin(ControlPlane):
                                   + "; ".join(problems), "model")
         record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
         reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
-        outcome = await self.registry.transition.remote("create", spec.model_id, record=record, reservations=reservations)
+        outcome = await self.registry.transition.remote(Create(model_id=spec.model_id, record=record,
+                                                                    reservations=reservations))
         if not outcome.ok:
             field = "model_id" if "model_id" in outcome.message else None
             raise AdminError(outcome.status_code, outcome.message, field)
@@ -259,7 +261,7 @@ class Admin(ControlPlane):
 
     @app.delete("/models/{model_id}", responses=error_responses(401, 404))
     async def delete_model(self, model_id: str):
-        outcome = await self.registry.transition.remote("delete", model_id)
+        outcome = await self.registry.transition.remote(Delete(model_id=model_id))
         if not outcome.ok:
             raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return await self._deleted([model_id], single=True)
@@ -268,7 +270,7 @@ class Admin(ControlPlane):
     async def delete_all(self):
         ids = [r.model_id for r in await self.registry.list_models.remote()]
         for model_id in ids:
-            await self.registry.transition.remote("delete", model_id)
+            await self.registry.transition.remote(Delete(model_id=model_id))
         return await self._deleted(ids, single=False)
 
     async def _deleted(self, ids: list[str], single: bool):

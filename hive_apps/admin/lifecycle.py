@@ -36,6 +36,7 @@ from hive_apps.lifecycle import (
 )
 from hive_apps.planning.deployment import PlanOutcome
 from hive_apps.planning.types import DeviceCapacity, Plan
+from hive_apps.registry import transitions as t
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
 from hive_apps.settings import HiveSettings
 from hive_apps.spec import ModelSpec
@@ -156,17 +157,17 @@ class Lifecycle(ControlPlane):
                     continue
                 since = idle_since(act.last_request_at, rec.resident_since)
                 if destroy_due(spec.idle_timeout, since, act.in_flight, now):
-                    await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
+                    await self._ask(t.Destroy(model_id=rec.model_id, version=rec.version, reason=self._idle_reason(spec, since, now)))
                     asked.append(rec.model_id)
                 elif sleep_due(spec.sleep_timeout, since, act.in_flight, now):
                     assert since is not None  # sleep_due: it has one
-                    await self._ask("sleep", rec, version=rec.version, last_request_at=since,
-                                    reason=f"no requests for {now - since:.0f}s (sleep_timeout {spec.sleep_timeout:g}s)")
+                    await self._ask(t.Sleep(model_id=rec.model_id, version=rec.version, last_request_at=since,
+                                    reason=f"no requests for {now - since:.0f}s (sleep_timeout {spec.sleep_timeout:g}s)"))
                     asked.append(rec.model_id)
             elif rec.status is ModelStatus.SLEEPING and not rec.resident:
                 since = idle_since(rec.last_request_at, rec.resident_since, rec.wake_requested_at)
                 if destroy_due(spec.idle_timeout, since, 0, now):
-                    await self._ask("destroy", rec, version=rec.version, reason=self._idle_reason(spec, since, now))
+                    await self._ask(t.Destroy(model_id=rec.model_id, version=rec.version, reason=self._idle_reason(spec, since, now)))
                     asked.append(rec.model_id)
         return asked
 
@@ -177,7 +178,7 @@ class Lifecycle(ControlPlane):
                                                          self.clocks.get(rec.model_id, ScaleClock()), now,
                                                          self.settings.scale_window_s)
         if step < 0:
-            return (await self._ask("retire", rec, version=rec.version, index=replica_to_retire(act.pressures))).ok
+            return (await self._ask(t.Retire(model_id=rec.model_id, version=rec.version, index=replica_to_retire(act.pressures)))).ok
         if step > 0:
             one = rec.spec.model_copy(update={"replicas": 1, "min_replicas": None, "max_replicas": None})
             outcome = await self.planner.plan.remote(one, await self.registry.capacities.remote(), weights=rec.plan.weights)
@@ -186,7 +187,7 @@ class Lifecycle(ControlPlane):
                 return False
             replica = outcome.plan.replicas[0].model_copy(
                 update={"index": max(rp.index for rp in rec.plan.replicas) + 1})
-            return (await self._ask("scale_up", rec, version=rec.version, replica=replica.model_dump())).ok
+            return (await self._ask(t.ScaleUp(model_id=rec.model_id, version=rec.version, replica=replica))).ok
         return False
 
     @staticmethod
@@ -195,12 +196,12 @@ class Lifecycle(ControlPlane):
         return (f"destroyed after {now - since:.0f}s without requests (idle_timeout {spec.idle_timeout:g}s); "
                 f"deploy it again with POST /admin/models")
 
-    async def _ask(self, name: str, rec: ModelRecord, **kwargs) -> Any:
-        outcome = await self.registry.transition.remote(name, rec.model_id, **kwargs)
+    async def _ask(self, msg: t.Transition) -> Any:
+        outcome = await self.registry.transition.remote(msg)
         if outcome.ok:
-            log.info("%s: %s", rec.model_id, outcome.record.message if outcome.record else name)
+            log.info("%s: %s", msg.model_id, outcome.record.message if outcome.record else msg.name)
         else:
-            log.info("%s of %s refused: %s", name, rec.model_id, outcome.message)
+            log.info("%s of %s refused: %s", msg.name, msg.model_id, outcome.message)
         return outcome
 
     # --- making room ----------------------------------------------------------------------
@@ -276,8 +277,8 @@ class Lifecycle(ControlPlane):
             refusals = len(refused)
             for model_id in victims:
                 rec = next(r for r in resident if r.model_id == model_id)
-                asked = await self._ask("sleep", rec, version=rec.version,
-                                        reason=f"evicted to make room for {spec.model_id}")
+                asked = await self._ask(t.Sleep(model_id=rec.model_id, version=rec.version,
+                                        reason=f"evicted to make room for {spec.model_id}"))
                 if asked.ok:
                     evicting.append(model_id)
                 else:  # it changed since it was read (healing, scaling, deleted): search on without it

@@ -38,6 +38,7 @@ from hive_apps import names
 from hive_apps.admin.failures import failure_reason
 from hive_apps.admin.model_app import build_model_app
 from hive_apps.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
+from hive_apps.registry import transitions as t
 from hive_apps.registry.control import heal_backoff_s
 from hive_apps.registry.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation, SleepMode
 from hive_apps.settings import HiveSettings
@@ -132,7 +133,7 @@ class Reconciler(ControlPlane):
         if rec.status is ModelStatus.DELETING:
             await self._drain(rec)
             await self._stop_engines(rec)
-            await self._ask("deleted", rec, version=rec.version)
+            await self._ask(t.Deleted(model_id=rec.model_id, version=rec.version))
             await self._remove_app(model_id)  # the record is gone already: the router may drain at leisure
             return None
         if rec.retiring and rec.status in (ModelStatus.READY, ModelStatus.DEGRADED):
@@ -149,11 +150,11 @@ class Reconciler(ControlPlane):
             return await self._degraded(rec)
         return None
 
-    async def _ask(self, name: str, rec: ModelRecord, **kwargs) -> Any:
+    async def _ask(self, msg: t.Transition) -> Any:
         """One transition; a refused one (stale version) means: read again and decide again."""
-        outcome = await self.registry.transition.remote(name, rec.model_id, **kwargs)
+        outcome = await self.registry.transition.remote(msg)
         if not outcome.ok:
-            log.info("%s of %s refused: %s", name, rec.model_id, outcome.message)
+            log.info("%s of %s refused: %s", msg.name, msg.model_id, outcome.message)
         return outcome
 
     async def _remove_app(self, model_id: str) -> None:
@@ -208,7 +209,7 @@ class Reconciler(ControlPlane):
         without them (the other engines keep their versions, so they stay), then ``retired``."""
         await self._drain(rec, rec.retiring)
         await self._build(rec, leave_out=rec.retiring)
-        await self._ask("retired", rec, version=rec.version)
+        await self._ask(t.Retired(model_id=rec.model_id, version=rec.version))
         return 0.0
 
     async def _build(self, rec: ModelRecord, leave_out: Collection[int] = ()) -> None:
@@ -230,7 +231,7 @@ class Reconciler(ControlPlane):
             if now is None or now.status is not ModelStatus.SLEEPING or now.sleep_mode is not None:
                 return 0.0  # woken, deleted or decided while it drained: decide again
             if await self._can_sleep_in_place(now):
-                await self._ask("doze", now, version=now.version)
+                await self._ask(t.Doze(model_id=now.model_id, version=now.version))
                 return 0.0
         elif rec.sleeps_in_place:
             level = 1 if rec.sleep_mode is SleepMode.LEVEL1 else 2
@@ -239,7 +240,7 @@ class Reconciler(ControlPlane):
             except Exception as e:
                 log.warning("%s: its engines did not sleep (%s); parking it instead", rec.model_id, e)
             else:
-                await self._ask("dozed", rec, version=rec.version)
+                await self._ask(t.Dozed(model_id=rec.model_id, version=rec.version))
                 return None
         await self._park(rec)
         return None
@@ -264,14 +265,14 @@ class Reconciler(ControlPlane):
             log.warning("%s: waking in place failed (%s); starting its engines again", rec.model_id, e)
             await self._park(rec)
             return 0.0
-        await self._ask("started", rec, version=rec.version, wake_s={k: w["wake_s"] for k, w in woke.items()},
-                        warm_up_s={k: w["warm_up_s"] for k, w in woke.items()})
+        await self._ask(t.Started(model_id=rec.model_id, version=rec.version, wake_s={k: w["wake_s"] for k, w in woke.items()},
+                        warm_up_s={k: w["warm_up_s"] for k, w in woke.items()}))
         return 0.0
 
     async def _park(self, rec: ModelRecord) -> None:
         """Remove its engines and record it parked (its memory, host RAM included, is released)."""
         await self._park_app(rec)
-        await self._ask("parked", rec)
+        await self._ask(t.Parked(model_id=rec.model_id))
 
     async def _park_app(self, rec: ModelRecord) -> None:
         await self._build_router_only(rec)
@@ -285,8 +286,8 @@ class Reconciler(ControlPlane):
         """A parked model must run again: plan it where there is room, making room if need be."""
         waited = time.time() - (rec.wake_requested_at or time.time())
         if waited > self.settings.hold_timeout_s:
-            await self._ask("wake_failed", rec, version=rec.version,
-                            reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)")
+            await self._ask(t.WakeFailed(model_id=rec.model_id, version=rec.version,
+                            reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)"))
             return 0.0
         # with load-driven replicas, the fewest wake first; load adds the others
         if rec.sleeps_in_place and rec.lost_replicas:
@@ -307,7 +308,7 @@ class Reconciler(ControlPlane):
                 return 0.0
             message = f"waking: {room.error}; waiting for their requests to end"
             if rec.message != message:
-                await self._ask("note", rec, version=rec.version, message=message)
+                await self._ask(t.Note(model_id=rec.model_id, version=rec.version, message=message))
             return POLL_S
         evicted = self.evicted_for.setdefault(rec.model_id, set())
         evicted.update(room.evicting)
@@ -319,16 +320,16 @@ class Reconciler(ControlPlane):
             elif room.retry_at is not None:
                 message = f"waking: {room.error}; trying again in {room.retry_at - time.time():.0f}s"
             else:
-                await self._ask("wake_failed", rec, version=rec.version, reason=room.error)
+                await self._ask(t.WakeFailed(model_id=rec.model_id, version=rec.version, reason=room.error))
                 return 0.0
             if rec.message != message:
-                await self._ask("note", rec, version=rec.version, message=message)
+                await self._ask(t.Note(model_id=rec.model_id, version=rec.version, message=message))
             return POLL_S if room.retry_at is None else max(POLL_S, room.retry_at - time.time())
         reservations = [Reservation.for_replica(rec.model_id, rp) for rp in room.plan.replicas]
         plan = room.plan.model_copy(update={"weights": rec.plan.weights})  # the revision its deploy pinned
-        await self._ask("placed", rec, version=rec.version, plan=plan, reservations=reservations,
+        await self._ask(t.Placed(model_id=rec.model_id, version=rec.version, plan=plan, reservations=reservations,
                         placement_s=time.time() - (rec.wake_requested_at or time.time()),
-                        evicted=sorted(self.evicted_for.pop(rec.model_id, set())))
+                        evicted=sorted(self.evicted_for.pop(rec.model_id, set()))))
         return 0.0
 
     async def _app_state(self, model_id: str) -> AppState:
@@ -371,7 +372,7 @@ class Reconciler(ControlPlane):
             if not await self._weights_on_nodes(rec):
                 return POLL_S
             await self._build(rec)
-            await self._ask("applied", rec, version=rec.version, generation=rec.plan_generation)
+            await self._ask(t.Applied(model_id=rec.model_id, version=rec.version, generation=rec.plan_generation))
             return 0.0
         live = [rp.index for rp in rec.live_replicas]
         fresh = rec.status in (ModelStatus.DEPLOYING, ModelStatus.WAKING)  # every live replica starts
@@ -383,7 +384,7 @@ class Reconciler(ControlPlane):
         state = await self._app_state(rec.model_id)
         if rec.status is ModelStatus.WAKING and not any(names.is_engine_deployment(d) for d in state.deployments) \
                 and time.time() - rec.applied_at >= self.apply_grace_s:
-            await self._ask("parked", rec)  # it parked before the wake was seen: place it again
+            await self._ask(t.Parked(model_id=rec.model_id))  # it parked before the wake was seen: place it again
             return 0.0
         if state.status == "MISSING":  # removed behind our back: build it again
             await self._build(rec)
@@ -395,8 +396,8 @@ class Reconciler(ControlPlane):
                 def times(key: str) -> dict[str, float]:
                     return {k: round(i[key], 3) for k, i in infos.items() if i is not None and i.get(key) is not None}
 
-                await self._ask("started", rec, version=rec.version, engine_start_s=times("engine_start_s"),
-                                warm_up_s=times("warm_up_s"))
+                await self._ask(t.Started(model_id=rec.model_id, version=rec.version, engine_start_s=times("engine_start_s"),
+                                warm_up_s=times("warm_up_s")))
                 return 0.0  # degraded models go on to heal
         # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
         settled = time.time() - rec.applied_at >= self.apply_grace_s
@@ -415,13 +416,14 @@ class Reconciler(ControlPlane):
         return 0.0
 
     async def _fail(self, rec: ModelRecord, reason: str) -> None:
-        name = {ModelStatus.DEPLOYING: "fail", ModelStatus.WAKING: "wake_failed",
-                ModelStatus.SCALING: "scale_failed"}.get(rec.status, "heal_failed")
-        if name == "wake_failed":
+        failed: dict[ModelStatus, type[t.Fail | t.WakeFailed | t.ScaleFailed | t.HealFailed]] = {
+            ModelStatus.DEPLOYING: t.Fail, ModelStatus.WAKING: t.WakeFailed, ModelStatus.SCALING: t.ScaleFailed}
+        kind = failed.get(rec.status, t.HealFailed)
+        if kind is t.WakeFailed:
             await self._park_app(rec)  # nothing of the failed start stays
-        elif name == "scale_failed":
+        elif kind is t.ScaleFailed:
             await self._build(rec, leave_out=rec.healing_replicas)
-        await self._ask(name, rec, version=rec.version, reason=reason)
+        await self._ask(kind(model_id=rec.model_id, version=rec.version, reason=reason))
 
     async def _engine_infos(self, rec: ModelRecord, indices: list[int]) -> dict[str, dict | None]:
         """Each engine's own account of itself, or None where the replica that answers is not
@@ -444,7 +446,7 @@ class Reconciler(ControlPlane):
         if rec.spec.gpu is not None:
             note = "pinned replicas are not replaced automatically; redeploy with other pins"
             if note not in rec.message:
-                await self._ask("note", rec, version=rec.version, message=f"{rec.message}; {note}")
+                await self._ask(t.Note(model_id=rec.model_id, version=rec.version, message=f"{rec.message}; {note}"))
             return None
         wait = rec.next_heal_at - time.time()
         if wait > 0:
@@ -455,12 +457,12 @@ class Reconciler(ControlPlane):
         outcome = await self.planner.plan.remote(spec, devices, weights=rec.plan.weights)
         if outcome.plan is None:
             wait = heal_backoff_s(rec.heal_attempts + 1, self.settings.heal_backoff_max_s)
-            await self._ask("note", rec, version=rec.version, next_heal_at=time.time() + wait,
+            await self._ask(t.Note(model_id=rec.model_id, version=rec.version, next_heal_at=time.time() + wait,
                             message=f"no capacity to replace {sorted(rec.lost_replicas)} yet "
-                                    f"(next try in {wait:.0f}s): {outcome.error}")
+                                    f"(next try in {wait:.0f}s): {outcome.error}"))
             return wait
         replacements = [rp.model_copy(update={"index": i}) for rp, i in zip(outcome.plan.replicas, lost)]
-        result = await self._ask("heal", rec, version=rec.version, replacements=[rp.model_dump() for rp in replacements])
+        result = await self._ask(t.Heal(model_id=rec.model_id, version=rec.version, replacements=replacements))
         if result.ok:
             log.info("%s: %s", rec.model_id, result.record.message)
         return 0.0 if result.ok else POLL_S

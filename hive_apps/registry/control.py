@@ -5,7 +5,8 @@ registry's own monitoring) ask it for transitions. Each transition names where i
 and callers other than the registry itself pass the record version they read: a transition
 from a stale version, or from a status it does not start from, is refused with a
 ``TransitionError`` and the caller re-reads and decides again. So a node that dies while a
-heal is in flight can never be overwritten by the healer's older copy of the record.
+heal is in flight can never be overwritten by the healer's older copy of the record. Callers ask
+for one with a typed message; ``registry/transitions.py`` maps each onto its method below.
 
     transition    from                          to                      asked by
     create        (none) | failed               deploying               admin: POST /models

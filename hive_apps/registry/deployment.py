@@ -1,7 +1,7 @@
 """The ``hive-registry`` Serve app: the one owner of devices, reservations and model records.
 
 A thin shell around pure state: a ``Ledger`` (devices, reservations) and a ``ModelBook``
-(records, changed only by named transitions, ``registry/control.py``). It samples every
+(records, changed only by typed transitions, ``registry/transitions.py``). It samples every
 alive node through the cluster seam, writes every change through to Ray's internal KV (so a
 restarted replica comes back with every model, reservation and start lock), and lets the
 admin, the gateway and routers wait for changes (``watch``) instead of polling.
@@ -36,13 +36,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel
 
 from hive_apps import metrics
 from hive_apps.cluster import NodeInfo, get_cluster, off_loop
-from hive_apps.planning.types import DeviceCapacity, ReplicaPlan
+from hive_apps.planning.types import DeviceCapacity
 from hive_apps.registry.control import Change, ModelBook, TransitionError
 from hive_apps.registry.devices import NodeSample
 from hive_apps.registry.ledger import DeviceState, Ledger, NodeState
@@ -51,6 +50,7 @@ from hive_apps.registry.monitor import node_name_of
 from hive_apps.registry.records import ModelRecord, Reservation, StoredModel, dump_stored, load_stored
 from hive_apps.registry.samples import node_problems, sample_problems
 from hive_apps.registry.store import StateStore
+from hive_apps.registry.transitions import Deleted, Transition, rule_of
 from hive_apps.settings import HiveSettings, get_settings
 
 log = logging.getLogger("ray.serve")
@@ -80,14 +80,6 @@ class BookView(BaseModel):
 
 class StartLockState(BaseModel):
     held: dict[str, tuple[str, float]] = {}
-
-
-# transitions the registry's callers may ask for, and the ModelBook method of each
-ASKED = {"create", "applied", "started", "fail", "heal", "heal_failed", "note", "delete", "deleted",
-         "sleep", "doze", "dozed", "parked", "wake", "placed", "wake_failed", "destroy", "scale_up", "scale_failed",
-         "retire", "retired"}
-NOW = {"create", "applied", "started", "heal", "heal_failed", "sleep", "dozed", "parked", "wake", "placed",
-       "wake_failed", "scale_up"}
 
 
 class Registry:
@@ -279,35 +271,28 @@ class Registry:
                 pass
         return BookView(version=self.book.version, models=self.book.list())
 
-    async def transition(self, name: str, model_id: str, **kwargs: Any) -> Outcome:
-        """Apply one named transition (``registry/control.py`` lists them)."""
-        if name not in ASKED:
-            return Outcome(ok=False, status_code=400, message=f"unknown transition {name!r}")
-        if name in ("create", "heal", "placed", "scale_up"):
+    async def transition(self, msg: Transition) -> Outcome:
+        """Apply one asked-for transition (``registry/transitions.py``: the messages and their table)."""
+        rule = rule_of(msg)
+        if rule is None:
+            return Outcome(ok=False, status_code=400, message=f"unknown transition {type(msg).__name__!r}")
+        if rule.needs_sample:
             await self._ready()
-        if name in NOW:
+        model_id = msg.model_id
+        kwargs = rule.arguments(msg)
+        if rule.takes_now:
             kwargs["now"] = time.time()
+        kwargs.update({k: getattr(self.settings, v) for k, v in rule.settings.items()})
         before = self.book.get(model_id)  # a copy: for the lifecycle metrics
         try:
-            if name == "create":
-                change = self.book.create(kwargs["record"], kwargs["reservations"], kwargs["now"])
-            elif name == "heal":
-                kwargs["replacements"] = [ReplicaPlan.model_validate(rp) for rp in kwargs["replacements"]]
-                change = self.book.heal(model_id, **kwargs)
-            elif name == "scale_up":
-                kwargs["replica"] = ReplicaPlan.model_validate(kwargs["replica"])
-                change = self.book.scale_up(model_id, **kwargs)
-            elif name == "heal_failed":
-                change = self.book.heal_failed(model_id, **kwargs, backoff_cap_s=self.settings.heal_backoff_max_s)
-            else:
-                change = getattr(self.book, name)(model_id, **kwargs)
+            change = getattr(self.book, rule.method)(**kwargs)
         except TransitionError as e:
             return Outcome(ok=False, record=self.book.get(model_id), message=e.message, status_code=e.status_code)
-        if name == "deleted":
+        if isinstance(msg, Deleted):
             self.start_locks.release(model_id)
             await self._save_start_locks()
         await self._persist([change])
-        metrics.on_transition(name, before, change.record, kwargs)
+        metrics.on_transition(rule.method, before, change.record, kwargs)
         return Outcome(ok=True, record=change.record)
 
     # --- reservations and start locks --------------------------------------------------

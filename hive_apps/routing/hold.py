@@ -26,6 +26,7 @@ from hive_apps.cluster import get_cluster
 from hive_apps.engine.protocol import ResponseStart
 from hive_apps.openai_errors import openai_error, sse_error
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
+from hive_apps.registry.transitions import Wake
 from hive_apps.settings import HiveSettings
 
 log = logging.getLogger("ray.serve")
@@ -174,7 +175,7 @@ class WakeHold:
 
 
 async def _ask_registry(model_id: str) -> None:
-    outcome = await get_cluster().app_handle(names.REGISTRY_APP).transition.remote("wake", model_id)
+    outcome = await get_cluster().app_handle(names.REGISTRY_APP).transition.remote(Wake(model_id=model_id))
     if not outcome.ok:
         log.info("wake of %s refused: %s", model_id, outcome.message)
 

@@ -16,6 +16,7 @@ from hive_apps import names
 from hive_apps.admin.lifecycle import Lifecycle
 from hive_apps.admin.reconciler import POLL_S, Reconciler
 from hive_apps.cluster import AppState, set_cluster
+from hive_apps.registry import transitions as t
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.records import ModelRecord, ModelStatus, Reservation, ReservationState, load_stored
 from hive_apps.settings import HiveSettings, get_settings
@@ -52,8 +53,8 @@ class Hive:
         outcome = await self.reconciler.planner.plan.remote(spec, await self.registry.capacities())
         assert outcome.plan is not None, outcome.error
         record = ModelRecord(model_id=model_id, spec=spec, plan=outcome.plan)
-        result = await self.registry.transition("create", model_id, record=record,
-                                                reservations=[Reservation.for_replica(model_id, rp) for rp in outcome.plan.replicas])
+        result = await self.registry.transition(t.Create(model_id=model_id, record=record,
+                                                reservations=[Reservation.for_replica(model_id, rp) for rp in outcome.plan.replicas]))
         assert result.ok, result.message
         return result.record
 
@@ -116,15 +117,19 @@ async def test_deploy_past_its_deadline_fails_and_frees(hive):
     assert hive.reserved("slow") == {} and "slow" not in hive.cluster.apps
 
 
+class PutModel(t.Transition):
+    """A message the registry's table does not list."""
+
+
 async def test_stale_or_illegal_transitions_are_refused(hive):
     rec = await hive.deploy("m", gpu="node-a:gpu0")
     await hive.step("m")
     fresh = await hive.registry.get_model("m")
-    stale = await hive.registry.transition("started", "m", version=rec.version)
+    stale = await hive.registry.transition(t.Started(model_id="m", version=rec.version))
     assert not stale.ok and stale.status_code == 409 and "changed" in stale.message
-    illegal = await hive.registry.transition("heal", "m", version=fresh.version, replacements=[])
+    illegal = await hive.registry.transition(t.Heal(model_id="m", version=fresh.version, replacements=[]))
     assert not illegal.ok and "starts only from degraded" in illegal.message
-    unknown = await hive.registry.transition("put_model", "m")
+    unknown = await hive.registry.transition(PutModel(model_id="m"))
     assert not unknown.ok and unknown.status_code == 400
 
 
@@ -177,7 +182,7 @@ async def test_node_lost_during_heal_ends_healed_never_ready_with_a_gap(hive):
     # the node of the replacement dies before the reconciler saw it start
     hive.cluster.kill_node(before_loss.plan.replicas[0].node_name)
     await hive.sample()
-    stale = await hive.registry.transition("started", "m", version=before_loss.version, engine_start_s={})
+    stale = await hive.registry.transition(t.Started(model_id="m", version=before_loss.version, engine_start_s={}))
     assert not stale.ok  # the healer's copy is stale: it cannot overwrite the loss
     mid = await hive.registry.get_model("m")
     assert mid.status is ModelStatus.HEALING and set(mid.lost_replicas) == {"r0"} and mid.healing_replicas == [1]
@@ -222,14 +227,14 @@ async def test_failed_heals_back_off_exponentially(hive):
 
 async def test_delete_during_deploy_builds_nothing_or_removes_it(hive):
     await hive.deploy("early")
-    await hive.registry.transition("delete", "early")
+    await hive.registry.transition(t.Delete(model_id="early"))
     await hive.settle("early")
     assert await hive.registry.get_model("early") is None and "early" not in hive.cluster.apps
     assert hive.reserved("early") == {}
 
     await hive.deploy("late")
     await hive.step("late")  # the app is built, not yet ready
-    await hive.registry.transition("delete", "late")
+    await hive.registry.transition(t.Delete(model_id="late"))
     await hive.settle("late")
     assert await hive.registry.get_model("late") is None and "late" not in hive.cluster.apps
     assert hive.reserved("late") == {}
@@ -238,7 +243,7 @@ async def test_delete_during_deploy_builds_nothing_or_removes_it(hive):
 async def test_node_lost_during_delete(hive):
     await hive.deploy("m", gpu="node-b:gpu1")
     await hive.settle("m")
-    await hive.registry.transition("delete", "m")
+    await hive.registry.transition(t.Delete(model_id="m"))
     hive.cluster.kill_node("node-b")
     await hive.sample()
     assert (await hive.registry.get_model("m")).status is ModelStatus.DELETING
@@ -286,7 +291,7 @@ async def test_concurrent_retries_of_a_failed_id_admit_one(hive):
     plan = (await hive.reconciler.planner.plan.remote(spec, await hive.registry.capacities())).plan
     record = ModelRecord(model_id="retry", spec=spec, plan=plan)
     outcomes = await asyncio.gather(*(
-        hive.registry.transition("create", "retry", record=record, reservations=[Reservation.for_replica("retry", plan.replicas[0])])
+        hive.registry.transition(t.Create(model_id="retry", record=record, reservations=[Reservation.for_replica("retry", plan.replicas[0])]))
         for _ in range(8)))
     assert sorted(o.ok for o in outcomes) == [False] * 7 + [True]
     assert {o.status_code for o in outcomes if not o.ok} == {409}
@@ -302,7 +307,7 @@ async def test_reset_rebooks_only_models_that_hold_memory(hive):
     await hive.settle("kept")
     await hive.deploy("leaving", gpu="node-a:gpu0")
     await hive.settle("leaving")
-    await hive.registry.transition("delete", "leaving")
+    await hive.registry.transition(t.Delete(model_id="leaving"))
     await hive.registry.reset()
     assert set(hive.registry.ledger.reservations) == {"kept/r0"}
     assert hive.registry.ledger.reservations["kept/r0"].state is ReservationState.ACTIVE
@@ -391,7 +396,7 @@ async def test_a_delete_ends_the_record_and_its_reservations_before_the_app_goes
         delete_app(name)
 
     monkeypatch.setattr(hive.cluster, "delete_app", slow_delete_app)
-    await hive.registry.transition("delete", "m")
+    await hive.registry.transition(t.Delete(model_id="m"))
     await hive.settle("m")
     assert seen == {"engines": [], "record": False, "reserved": {}}
     assert "m" not in hive.cluster.apps and hive.cluster.deleted == ["m"]
@@ -415,7 +420,7 @@ async def test_removing_an_app_waits_until_serve_no_longer_lists_it(hive, monkey
 
     monkeypatch.setattr("hive_apps.admin.reconciler.POLL_S", 0.01)
     monkeypatch.setattr(hive.cluster, "app_states", app_states_while_draining)
-    await hive.registry.transition("delete", "m")
+    await hive.registry.transition(t.Delete(model_id="m"))
     assert await hive.step("m") is None  # one step: engines, record, app
     assert draining == [0] and hive.cluster.deleted == ["m"]
 
@@ -509,7 +514,7 @@ async def test_a_retiring_replica_whose_node_dies_is_not_healed_back(hive):
     rec = await hive.settle("m")
     gone = rec.plan.replicas[1]
     assert rec.status is ModelStatus.READY and rec.plan.replicas[0].node_name != gone.node_name
-    assert (await hive.registry.transition("retire", "m", version=rec.version, index=gone.index)).ok
+    assert (await hive.registry.transition(t.Retire(model_id="m", version=rec.version, index=gone.index))).ok
     hive.cluster.kill_node(gone.node_name)
     await hive.sample()
     rec = await hive.settle("m")
@@ -518,18 +523,19 @@ async def test_a_retiring_replica_whose_node_dies_is_not_healed_back(hive):
     assert [rp.index for rp in hive.cluster.apps["m"].plan.replicas] == [0]
 
 
-async def _before_crash(hive: Hive, transition: str) -> dict:
-    """Bring model m to where ``transition`` starts; return that transition's arguments."""
+async def _before_crash(hive: Hive, transition: str) -> t.Transition | None:
+    """Bring model m to where ``transition`` starts; return that transition's message."""
     if transition == "create":
-        return {}
+        return None
     await hive.deploy("m", gpu="node-a:gpu0")
     if transition == "started":
         await hive.step("m")  # its app is built
     elif transition == "deleted":
         await hive.settle("m")
-        await hive.registry.transition("delete", "m")
+        await hive.registry.transition(t.Delete(model_id="m"))
     version = (await hive.registry.get_model("m")).version
-    return {"version": version, **({"reason": "engine start failed"} if transition == "fail" else {})}
+    return t.BY_NAME[transition](model_id="m", version=version,
+                                 **({"reason": "engine start failed"} if transition == "fail" else {}))
 
 
 @pytest.mark.parametrize("writes", [0, 1, 2])
@@ -540,7 +546,7 @@ async def test_a_crash_in_the_middle_of_a_change_leaves_record_and_reservations_
     and reservations as they were before the change or as the change left them, never a mix (a record
     deploying without its booking, a booking its record already let go), and it releases nothing to
     make them agree."""
-    kwargs = await _before_crash(hive, transition)
+    msg = await _before_crash(hive, transition)
 
     def state() -> tuple:
         rec = hive.registry.book.records.get("m")
@@ -549,10 +555,10 @@ async def test_a_crash_in_the_middle_of_a_change_leaves_record_and_reservations_
     before = state()
     hive.cluster.writes_left = writes
     try:
-        if transition == "create":
+        if msg is None:
             await hive.deploy("m", gpu="node-a:gpu0")
         else:
-            await hive.registry.transition(transition, "m", **kwargs)
+            await hive.registry.transition(msg)
     except ConnectionError:  # the registry died here; what it held in memory is the change's end
         pass
     after = state()

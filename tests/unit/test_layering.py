@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("planning", ("planning",)),
     # pure state and rules: the registry's ledger, records and transitions, the lifecycle rules, and
     # routing's rules (replica choice, prompt splitting, allowed paths and media URLs)
-    ("rules", ("registry.records", "registry.ledger", "registry.control", "registry.locks", "lifecycle",
+    ("rules", ("registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks",
+               "lifecycle",
                "routing.policy", "routing.split", "routing.paths", "routing.media")),
     # the seam to Ray / Serve, and the metrics every Ray process publishes
     ("seam", ("cluster", "metrics")),
@@ -49,7 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Modules that must not reach Ray, directly or through anything they import (their docstrings say
 # "Pure: no Ray"): unit tests and the planner's worker process run them without Ray.
 PURE = ("planning", "weights", "registry.devices", "registry.catalog", "registry.monitor", "registry.samples",
-        "registry.records", "registry.ledger", "registry.control", "registry.locks", "lifecycle",
+        "registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks", "lifecycle",
         "routing.policy", "routing.split", "routing.paths", "routing.media", "engine.ports", "engine.protocol",
         "spec", "settings", "vllm_args", "names")
 PURE_EXCEPT = ("planning.deployment",)  # the planner's Serve shell

@@ -15,6 +15,7 @@ from hive_apps.admin.reconciler import Reconciler
 from hive_apps.cluster import set_cluster
 from hive_apps.engine.protocol import EngineLoad
 from hive_apps.lifecycle import Candidate, choose_victims, eviction_order, idle_since, sleep_due, update_activity
+from hive_apps.registry import transitions as t
 from hive_apps.registry.records import ModelStatus, SleepMode
 from hive_apps.routing.hold import HoldRefused, WakeHold
 from hive_apps.settings import HiveSettings
@@ -124,7 +125,7 @@ async def test_idle_model_parks_keeps_route_and_plan_and_wakes_on_request(life):
     gpu = (await life.registry.device_states())[0]
     assert gpu.reserved_bytes == 0 and gpu.dormant == ["m/r0"] and gpu.dormant_bytes == rec.plan.replicas[0].reservation_bytes
 
-    woke = await life.registry.transition("wake", "m")
+    woke = await life.registry.transition(t.Wake(model_id="m"))
     assert woke.ok and woke.record.status is ModelStatus.WAKING
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and rec.resident and set(life.reserved("m")) == {"m/r0"}
@@ -156,7 +157,7 @@ async def test_an_engine_that_can_sleep_sleeps_in_place_at_level_1_with_its_weig
     node = (await life.registry.node_states())[0]
     assert node.host_reserved_bytes == before.plan.replicas[0].memory.weights
 
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and rec.resident and set(life.reserved("m")) == {"m/r0"}
     assert life.cluster.sleepy[("m", 0)].calls == ["sleep1", "wake1"] and life.cluster.apps["m"].builds == 1
@@ -181,7 +182,7 @@ async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_nothing(lif
     _, rec = await sleepy(life, "m")
     assert rec.sleep_mode is SleepMode.LEVEL2 and life.reserved("m") == {}
     assert "level 2" in (await life.registry.get_model("m")).message or rec.message
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL2
     assert life.cluster.sleepy[("m", 0)].calls == ["sleep2", "wake2"] and rec.last_wake.engine_start_s == 3.0
@@ -190,7 +191,7 @@ async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_nothing(lif
 async def test_a_wake_that_brings_back_a_different_answer_restarts_the_engine(life):
     await sleepy(life, "m")
     life.cluster.sleepy[("m", 0)].corrupt = True
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED  # started again
     assert life.cluster.apps["m"].builds == 3  # parked (router only), then built again
@@ -200,7 +201,7 @@ async def test_a_wake_that_brings_back_a_different_answer_restarts_the_engine(li
 async def test_a_model_asleep_in_place_takes_its_devices_back_by_evicting_a_newcomer(life):
     await sleepy(life, "m", **BIG)
     await ready(life, "other", sleep_timeout=600, **BIG)  # took the card while m slept
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     await life.settle("m")  # waits for other to park (the reconciler runs other's loop meanwhile)
     other = await life.settle("other")
     assert other.status is ModelStatus.SLEEPING and not other.resident and "make room for m" in other.sleep_reason
@@ -214,7 +215,7 @@ async def test_a_model_asleep_in_place_waits_for_requests_on_its_gpu_rather_than
     await ready(life, "other", sleep_timeout=600, **BIG)
     idle_for(life, "other", 0, in_flight=1)
     await life.lifecycle.tick(await life.registry.list_models())  # the admin sees other's request in flight
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m", max_steps=3)
     assert rec.status is ModelStatus.WAKING and rec.sleeps_in_place and "waiting for their requests to end" in rec.message
     idle_for(life, "other", 0)  # its request ended
@@ -230,7 +231,7 @@ async def test_a_model_asleep_where_nothing_can_make_room_starts_again_on_anothe
     try:
         before, _ = await sleepy(h, "m", **BIG)  # (on gpu0, the first of two equal cards)
         await ready(h, "pinned", gpu="node-a:gpu0", **BIG)  # no sleep_timeout: never evicted
-        await h.registry.transition("wake", "m")
+        await h.registry.transition(t.Wake(model_id="m"))
         rec = await h.settle("m")
         assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED
         assert before.plan.replicas[0].devices == ["node-a:gpu0"] and rec.plan.replicas[0].devices == ["node-a:gpu1"]
@@ -247,6 +248,24 @@ async def test_a_restarted_registry_keeps_the_host_ram_of_a_level_1_sleeper(life
     assert (await life.registry.node_states())[0].host_reserved_bytes == before.plan.replicas[0].memory.weights
 
 
+async def test_a_doze_before_the_first_sample_waits_for_it_and_sleeps_at_level_1(life):
+    """``doze`` books host RAM, which a registry knows only once it sampled the nodes: asked of a
+    registry that just started, it waits for the first sample (``transitions.RULES``: needs_sample)
+    rather than find no host RAM and settle for level 2."""
+    rec = await ready(life, "m", sleep_timeout=5)
+    assert (await life.registry.transition(t.Sleep(model_id="m", version=rec.version, reason="idle"))).ok
+    await life.start_registry()  # a new registry replica, not sampled yet
+    rec = await life.registry.get_model("m")
+    assert rec.status is ModelStatus.SLEEPING and rec.resident and rec.sleep_mode is None
+    doze = asyncio.ensure_future(life.registry.transition(t.Doze(model_id="m", version=rec.version)))
+    await asyncio.sleep(0.05)
+    assert not doze.done()
+    await life.sample()
+    out = await asyncio.wait_for(doze, 5)
+    assert out.ok and out.record.sleep_mode is SleepMode.LEVEL1, out.record.message
+    assert "m/r0@host" in life.reserved("m")
+
+
 async def test_a_model_with_requests_in_flight_never_sleeps(life):
     await ready(life, "m", sleep_timeout=5)
     idle_for(life, "m", 600, in_flight=1)
@@ -258,7 +277,7 @@ async def test_a_model_woken_while_it_drained_never_parks(life):
     await ready(life, "m", sleep_timeout=5)
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
-    await life.registry.transition("wake", "m")  # a request came before the reconciler drained it
+    await life.registry.transition(t.Wake(model_id="m"))  # a request came before the reconciler drained it
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and life.cluster.apps["m"].builds == 1  # never rebuilt
     assert rec.last_wake is None and set(life.reserved("m")) == {"m/r0"}
@@ -294,7 +313,7 @@ async def test_a_wake_without_room_fails_cleanly_and_held_requests_learn_why(lif
     await life.lifecycle.tick(await life.registry.list_models())
     await life.settle("m")
     await ready(life, "other", keep_resident=True, sleep_timeout=600, **BIG)  # took the card meanwhile
-    await life.registry.transition("wake", "m")
+    await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m")
     assert rec.status is ModelStatus.SLEEPING and rec.wake_failed_at is not None
     assert "other (keep_resident)" in rec.message and life.reserved("m") == {}
@@ -331,7 +350,7 @@ async def test_held_requests_wait_for_the_wake_and_are_bounded(life):
 
     async def ask_wake(model_id):
         asked.append(model_id)
-        await life.registry.transition("wake", model_id)
+        await life.registry.transition(t.Wake(model_id=model_id))
 
     hold = WakeHold(LIFE, ask_wake)
     await hold.update({"m": await life.registry.get_model("m")})
@@ -352,7 +371,7 @@ async def test_held_requests_get_503_with_the_reason_when_the_wake_fails(life):
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
     await life.settle("m")
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition("wake", model_id))
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)))
     await hold.update({"m": await life.registry.get_model("m")})
     waiter = asyncio.create_task(hold.wait("m"))
     await asyncio.sleep(0.05)
@@ -465,11 +484,11 @@ async def test_a_pending_scale_down_does_not_outlive_a_sleep():
     hive = await life_on("H100-80GB.H100-80GB.H100-80GB")
     try:
         rec = await ready(hive, "m", replicas=3, min_replicas=2, max_replicas=3, sleep_timeout=5)
-        rec = (await hive.registry.transition("retire", "m", version=rec.version, index=0)).record
-        assert (await hive.registry.transition("sleep", "m", version=rec.version, reason="idle")).ok
+        rec = (await hive.registry.transition(t.Retire(model_id="m", version=rec.version, index=0))).record
+        assert (await hive.registry.transition(t.Sleep(model_id="m", version=rec.version, reason="idle"))).ok
         rec = await hive.settle("m")
         assert rec.status is ModelStatus.SLEEPING and rec.sleep_mode is SleepMode.PARKED and rec.retiring == []
-        assert (await hive.registry.transition("wake", "m")).ok
+        assert (await hive.registry.transition(t.Wake(model_id="m"))).ok
         rec = await hive.settle("m")
         assert rec.status is ModelStatus.READY and rec.retiring == []
         assert len(rec.plan.replicas) == 2 and len(hive.reserved("m")) == 2

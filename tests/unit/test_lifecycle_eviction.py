@@ -7,6 +7,7 @@ import pytest
 
 from hive_apps.cluster import set_cluster
 from hive_apps.lifecycle import eviction_order
+from hive_apps.registry import transitions as t
 from hive_apps.registry.records import ModelStatus
 from tests.unit.test_lifecycle import BIG, cand, life_on, ready
 
@@ -44,10 +45,10 @@ def change_before_its_sleep(registry, model_id: str) -> None:
     """The model's record moves on (a heal began) between the search's read and its ``sleep`` ask."""
     asked = registry.transition
 
-    async def transition(name, asked_for, **kwargs):
-        if name == "sleep" and asked_for == model_id:
-            await asked("note", model_id, version=registry.book.records[model_id].version, message="a heal began")
-        return await asked(name, asked_for, **kwargs)
+    async def transition(msg: t.Transition):
+        if isinstance(msg, t.Sleep) and msg.model_id == model_id:
+            await asked(t.Note(model_id=model_id, version=registry.book.records[model_id].version, message="a heal began"))
+        return await asked(msg)
 
     registry.transition = transition
 

@@ -10,6 +10,7 @@ import pytest
 
 from hive_apps.cluster import set_cluster
 from hive_apps.lifecycle import destroy_due, idle_since
+from hive_apps.registry import transitions as t
 from hive_apps.registry.records import ModelStatus
 from hive_apps.routing.hold import HoldRefused, WakeHold
 from tests.unit.test_lifecycle import LIFE, idle_for, life_on, ready
@@ -34,13 +35,13 @@ async def test_a_model_held_for_while_it_cannot_wake_is_not_destroyed(life):
     assert (await life.settle("m")).status is ModelStatus.SLEEPING
     life.registry.book.records["m"].last_request_at = time.time() - 61  # its engines' last request: long ago
 
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition("wake", model_id))
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)))
     await hold.update({"m": await life.registry.get_model("m")})
     held = asyncio.create_task(hold.wait("m"))  # a client asks for it now: the hold asks for a wake
     await asyncio.sleep(0.05)
     rec = await life.registry.get_model("m")
     assert rec.status is ModelStatus.WAKING
-    assert (await life.registry.transition("wake_failed", "m", version=rec.version, reason="no room")).ok
+    assert (await life.registry.transition(t.WakeFailed(model_id="m", version=rec.version, reason="no room"))).ok
     await hold.update({"m": await life.registry.get_model("m")})
     with pytest.raises(HoldRefused):
         await held

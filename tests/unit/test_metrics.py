@@ -15,6 +15,7 @@ from hive_apps.engine.base import WARM_UP_TOKENS
 from hive_apps.engine.protocol import ForwardedRequest
 from hive_apps.registry.ledger import Ledger
 from hive_apps.registry.records import ReservationState
+from hive_apps.registry.transitions import Delete, Sleep, Wake
 
 from .test_controller import hive  # noqa: F401  (the registry + reconciler on a fake cluster)
 from .test_engine_http import CHAT, FakeHandle, engine
@@ -98,7 +99,7 @@ async def test_the_registry_publishes_devices_models_and_lifecycle(hive, recorde
     assert recorded.total("hive_deploy_seconds", model="m") == pytest.approx(rec.ready_at - rec.created_at)
     assert recorded.total("hive_engine_start_seconds", model="m") == 1.5  # the fake cluster's engine start
 
-    out = await hive.registry.transition("sleep", "m", version=rec.version, reason="evicted to make room for x")
+    out = await hive.registry.transition(Sleep(model_id="m", version=rec.version, reason="evicted to make room for x"))
     assert out.ok, out.message
     assert recorded.total("hive_sleeps", model="m", reason="evicted") == 1
     assert recorded.total("hive_evictions", model="m") == 1
@@ -108,14 +109,14 @@ async def test_the_registry_publishes_devices_models_and_lifecycle(hive, recorde
     assert recorded.gauge("hive_model_planned_seqs", model="m") == 0
     assert g("dormant") == reserved and g("reserved") == 0, "a parked model's memory is dormant, not reserved"
 
-    await hive.registry.transition("wake", "m")
+    await hive.registry.transition(Wake(model_id="m"))
     woke = await hive.settle("m")
     assert woke.status.value == "ready" and woke.last_wake is not None
     assert recorded.total("hive_wakes", model="m", outcome="ok", how="parked") == 1
     assert recorded.total("hive_wakes", model="m", outcome="ok", how="level1") == 0
     assert recorded.total("hive_wake_seconds", model="m", how="parked") == pytest.approx(woke.last_wake.total_s)
 
-    await hive.registry.transition("delete", "m")
+    await hive.registry.transition(Delete(model_id="m"))
     await hive.settle("m")
     await hive.sample()
     assert await hive.registry.get_model("m") is None

@@ -46,6 +46,7 @@ from hive_apps.registry.records import (
     dump_stored,
     load_stored,
 )
+from hive_apps.registry.transitions import ASKED
 from hive_apps.spec import ModelSpec
 
 GIB = 2**30
@@ -72,6 +73,10 @@ STARTS = {
     "destroy": (S.READY, S.DEGRADED, S.SLEEPING), "scale_up": (S.READY,), "scale_failed": (S.SCALING,),
     "retire": (S.READY,), "retired": (S.READY, S.DEGRADED),
 }
+
+
+def test_the_fuzz_steers_every_transition_of_the_table():
+    assert set(STARTS) == ASKED  # the table: hive_apps/registry/transitions.py
 
 
 def profile() -> ProfileSummary:
