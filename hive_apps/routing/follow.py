@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from hive_apps import names
-from hive_apps.cluster import get_cluster
+from hive_apps.cluster import Cluster, get_cluster
 from hive_apps.planning.types import Plan, ReplicaPlan
 from hive_apps.registry.records import LISTED, ModelRecord
 from hive_apps.routing.replica_set import ReplicaSet, default_queue_bound
@@ -57,8 +57,9 @@ def model_object(rec: ModelRecord) -> dict:
 class ModelReplicas:
     """One ``ReplicaSet`` per serving model, rebuilt when its live replicas change."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: Cluster | None = None) -> None:
         self._sets: dict[str, tuple[tuple, ReplicaSet]] = {}
+        self._cluster = cluster  # None: the process's (``get_cluster``)
 
     def keep_only(self, model_ids: set[str]) -> None:
         for gone in set(self._sets) - model_ids:
@@ -71,7 +72,8 @@ class ModelReplicas:
         if known is None or known[0] != fingerprint:
             if known is not None:
                 known[1].close()
-            replicas = ReplicaSet.of_app(rec.model_id, live, default_queue_bound(rec.plan, rec.spec.max_queued_requests))
+            replicas = ReplicaSet.of_app(rec.model_id, live, default_queue_bound(rec.plan, rec.spec.max_queued_requests),
+                                         self._cluster)
             replicas.start()
             self._sets[rec.model_id] = (fingerprint, replicas)
         return self._sets[rec.model_id][1]
@@ -81,9 +83,9 @@ class ModelReplicas:
         self._sets[model_id] = (replica_fingerprint(plans), replicas)
 
 
-async def registry_record(model_id: str) -> ModelRecord | None:
+async def registry_record(model_id: str, cluster: Cluster | None = None) -> ModelRecord | None:
     """One model's record as the registry has it now (not as the long-poll last brought it)."""
-    return await get_cluster().app_handle(names.REGISTRY_APP).get_model.remote(model_id)
+    return await (cluster or get_cluster()).app_handle(names.REGISTRY_APP).get_model.remote(model_id)
 
 
 class NewModelLookup:
@@ -130,9 +132,9 @@ class NewModelLookup:
         return True
 
 
-async def follow_registry(on_models: Callable[[list[ModelRecord]], None]) -> None:
+async def follow_registry(on_models: Callable[[list[ModelRecord]], None], cluster: Cluster | None = None) -> None:
     """Call ``on_models`` with every record each time the registry's book changes."""
-    registry = get_cluster().app_handle(names.REGISTRY_APP)
+    registry = (cluster or get_cluster()).app_handle(names.REGISTRY_APP)
     after = -1
     while True:
         try:

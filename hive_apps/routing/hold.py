@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hive_apps import metrics, names
 from hive_apps.auth import bearer_token
-from hive_apps.cluster import get_cluster
+from hive_apps.cluster import Cluster, get_cluster
 from hive_apps.engine.protocol import ResponseStart
 from hive_apps.openai_errors import openai_error, sse_error
 from hive_apps.registry.records import SERVING, ModelRecord, ModelStatus
@@ -89,8 +89,10 @@ def _log_refusal(request_id: str | None, rec: ModelRecord) -> None:
 
 
 class WakeHold:
-    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], Awaitable[object]] | None = None, entry: str = "router"):
+    def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], Awaitable[object]] | None = None, entry: str = "router",
+                 clock: Callable[[], float] = time.time):
         self.settings = settings
+        self.clock = clock  # wall time, as the records' ``wake_failed_at`` has it
         self.entry = entry  # who holds (gateway or router), for hive_held_requests
         self.records: dict[str, ModelRecord] = {}
         self.held: dict[str, int] = {}
@@ -127,7 +129,7 @@ class WakeHold:
             self.held_by[mine] = self.held_by.get(mine, 0) + 1
         self._publish_held()
         try:
-            return await asyncio.wait_for(self._until_serving(model_id, time.time(), request_id),
+            return await asyncio.wait_for(self._until_serving(model_id, self.clock(), request_id),
                                           self.settings.hold_timeout_s)
         except TimeoutError:
             rec = self.records.get(model_id)
@@ -162,8 +164,8 @@ class WakeHold:
                         _log_refusal(request_id, rec)
                         raise _refusal(503, f"model '{model_id}' could not wake: its engine failed or found no room; "
                                             f"{where_details_are(model_id, request_id)}")
-                    if time.time() - self._asked.get(model_id, 0.0) > 1.0:  # one ask for all waiters, at most 1/s
-                        self._asked[model_id] = time.time()
+                    if self.clock() - self._asked.get(model_id, 0.0) > 1.0:  # one ask for all waiters, at most 1/s
+                        self._asked[model_id] = self.clock()
                         asyncio.get_running_loop().create_task(self._wake(model_id))
                 await self._changed.wait()
 
@@ -174,8 +176,13 @@ class WakeHold:
             log.warning("asking the registry to wake %s failed: %s", model_id, e)
 
 
-async def _ask_registry(model_id: str) -> None:
-    outcome = await get_cluster().app_handle(names.REGISTRY_APP).transition.remote(Wake(model_id=model_id))
+def wake_asker(cluster: Cluster | None = None) -> Callable[[str], Awaitable[None]]:
+    """Ask ``cluster``'s registry (None: the process's) for a model's wake."""
+    return lambda model_id: _ask_registry(model_id, cluster)
+
+
+async def _ask_registry(model_id: str, cluster: Cluster | None = None) -> None:
+    outcome = await (cluster or get_cluster()).app_handle(names.REGISTRY_APP).transition.remote(Wake(model_id=model_id))
     if not outcome.ok:
         log.info("wake of %s refused: %s", model_id, outcome.message)
 

@@ -29,7 +29,7 @@ import aiohttp
 from ray.serve.handle import DeploymentHandle
 
 from hive_apps import metrics, names, request_ids
-from hive_apps.cluster import get_cluster
+from hive_apps.cluster import Cluster, get_cluster
 from hive_apps.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, TOKEN_HEADER, EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
@@ -99,9 +99,9 @@ class ReplicaSet:
         self._read_timeout_s = 0.0  # the connections' idle limit, set with them
 
     @classmethod
-    def of_app(cls, model_id: str, plan: Plan, queue_bound: int) -> ReplicaSet:
+    def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None) -> ReplicaSet:
         """Handles to the engines of a running model app, found by name."""
-        cluster = get_cluster()
+        cluster = cluster or get_cluster()
         handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
         return cls(model_id, handles, plan.replicas, queue_bound)
 

@@ -1,7 +1,8 @@
 """The per-model router: ingress of the model's app at ``/<model_id>``.
 
-A thin Serve shell around ``ReplicaSet``: it checks the API key, cuts the route prefix
-and passes the request to the best replica. It starts from the engines its app was built
+A thin Serve shell around ``ReplicaSet`` on the request pipeline it shares with the gateway
+(``routing/pipeline.py``): it checks the API key, cuts the route prefix and passes the request
+to the best replica. It starts from the engines its app was built
 with and follows the model's record in the registry, so a replica lost with its node stops
 getting requests as soon as the registry records the loss.
 """
@@ -17,27 +18,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hive_apps import metrics, names
-from hive_apps.auth import check_api_key
+from hive_apps.engine.protocol import ForwardedRequest
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import ReplicaPlan
 from hive_apps.registry.records import LISTED, SERVING, ModelRecord, ModelStatus
 from hive_apps.routing.follow import FIRST_VIEW_TIMEOUT_S, ModelReplicas, NewModelLookup, follow_registry, model_object
-from hive_apps.routing.hold import WakeHold, client_of
-from hive_apps.routing.http import (
-    BodyTooLarge,
-    parse_fields,
-    read_forwarded,
-    request_problem,
-    respond,
-    respond_for,
-    too_large,
-)
+from hive_apps.routing.hold import WakeHold
+from hive_apps.routing.http import BodyFields, respond
 from hive_apps.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.routing.pipeline import OpenAIEntry
 from hive_apps.routing.replica_set import ReplicaSet
 from hive_apps.settings import get_settings
 
 
-class Router:
+class Router(OpenAIEntry):
+    entry = "router"
+
     def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
         self.settings = get_settings()
         self.model_id = model_id
@@ -50,7 +46,8 @@ class Router:
             first.start()
             self.replicas = first
             self._sets.adopt(model_id, replicas, first)
-        self._hold = WakeHold(self.settings)
+        self.hold = WakeHold(self.settings)
+        self.replicas_of = self._sets.of
         self._first_view = asyncio.Event()  # the registry's first answer came
         self._newer = NewModelLookup()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
@@ -68,7 +65,7 @@ class Router:
     def _on_models(self, records: list[ModelRecord]) -> None:
         self._first_view.set()
         rec = next((r for r in records if r.model_id == self.model_id), None)
-        self._hold.on_models({rec.model_id: rec} if rec is not None else {})
+        self.hold.on_models({rec.model_id: rec} if rec is not None else {})
         if rec is None:
             return
         self.record = rec
@@ -88,20 +85,20 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         """HTTP entry at /<model_id>/...: the path below the prefix goes to the engine as is."""
-        response = await self._answer(request)
-        metrics.publisher().count("hive_requests", model=self.model_id, entry="router", code=str(response.status_code))
-        return response
+        return await self.answer(request)
 
-    async def _answer(self, request: Request) -> Response:
-        reason = check_api_key(self.settings, request.headers.get("authorization"))
-        if reason:
-            return openai_error(401, reason)
+    def path_of(self, request: Request) -> str:
+        root = request.scope.get("root_path", "")
+        path = request.url.path[len(root):] if root and request.url.path.startswith(root) else request.url.path
+        return path or "/"
+
+    def model_tag(self, request: Request) -> str:
+        return self.model_id
+
+    async def before_body(self, request: Request, path: str) -> Response | None:
         if not self._first_view.is_set():  # a router just started: its model's record is on its way
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._first_view.wait(), FIRST_VIEW_TIMEOUT_S)
-        root = request.scope.get("root_path", "")
-        path = request.url.path[len(root):] if root and request.url.path.startswith(root) else request.url.path
-        path = path or "/"
         wanted = model_object_id(request.method, path)
         if wanted is not None:
             if wanted != self.model_id or self.record is None or self.record.status not in LISTED:
@@ -109,22 +106,15 @@ class Router:
             return JSONResponse(model_object(self.record))
         if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
             return openai_error(404, f"no OpenAI route {request.method} {path} under /{self.model_id}")
-        try:
-            req = await read_forwarded(request, path)
-        except BodyTooLarge:
-            return too_large()
-        fields = await parse_fields(req)
-        if request.method == "POST":
-            problem = await request_problem(path, req, fields, self.settings.media_hosts)
-            if problem is not None:
-                return openai_error(400, *problem)
+        return None
+
+    async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
         rec = await self._current()
         if rec is None:  # the first view of the registry has not come yet: the engines it was built with
             if self.replicas is None:
                 return openai_error(503, f"model '{self.model_id}' is starting; retry shortly", headers={"retry-after": "1"})
             return await respond(self.replicas, req, fields)
-        return await respond_for(rec, self._sets.of, self._hold, req, fields,
-                                 client_of(request.headers.get("authorization")))
+        return rec
 
 
 def router_deployment():

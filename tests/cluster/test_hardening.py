@@ -1,7 +1,6 @@
 """What reaches the hive from outside: errors in the hive's shapes, only OpenAI routes
 forwarded to engines, tokens checked before bodies are read, forged samples refused."""
 
-import time
 
 import httpx
 import pytest
@@ -10,22 +9,6 @@ from tests.cluster.conftest import SIM_MODEL
 from tests.harness import ADMIN_TOKEN
 
 pytestmark = pytest.mark.cluster
-
-
-def test_admin_framework_errors_and_unauthenticated_bodies(hive):
-    assert hive.admin.get("/no-such-thing").json()["error"]["status"] == 404
-    r = hive.admin.put("/models")
-    assert r.status_code == 405 and "not allowed" in r.json()["error"]["message"]
-    r = hive.admin.post("/models", content=b"\xff\xfe{", headers={"content-type": "application/json"})
-    assert r.status_code in (400, 422) and "error" in r.json()
-    r = hive.admin.post("/models", content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"})
-    assert r.status_code == 400 or r.status_code == 413, r.text
-    assert "error" in r.json()
-    t0 = time.monotonic()
-    r = httpx.post(f"{hive.url}/admin/models", content=b"x" * (8 * 2**20), timeout=60)
-    assert r.status_code in (401, 413) and "error" in r.json()  # refused from the headers, never parsed
-    assert httpx.get(f"{hive.url}/admin/models", headers={"Authorization": "Bearer \u00e4".encode("latin-1")}).status_code == 401
-    assert time.monotonic() - t0 < 30
 
 
 def test_only_openai_routes_reach_engines(clean):

@@ -11,10 +11,9 @@ import uuid
 
 import httpx
 import pytest
-from starlette.requests import Request
 
 from hive_apps.cluster import set_cluster
-from hive_apps.gateway import app as gateway_app
+from hive_apps.gateway.ingress import make_gateway_app
 from hive_apps.registry.records import ModelRecord, ModelStatus
 from hive_apps.routing.follow import NewModelLookup
 from hive_apps.routing.hold import HoldRefused, WakeHold, client_of, client_slots
@@ -74,15 +73,10 @@ async def gateway(monkeypatch):
     h = Hive(FakeCluster({"node-a": "L4"}))
     await h.start_registry()
     await h.sample()
-    monkeypatch.setattr(gateway_app, "get_settings", lambda: SETTINGS)
-    gw = gateway_app.Gateway.func_or_class()
-
-    async def app(scope, receive, send):
-        await (await gw._answer(Request(scope, receive)))(scope, receive, send)
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
+    gw = make_gateway_app(h.cluster, SETTINGS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw), base_url="http://hive") as client:
         yield h, client
-    gw._follower.cancel()
+    gw.close()
     await asyncio.sleep(0)
     set_cluster(None)
 

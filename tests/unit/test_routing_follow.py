@@ -58,7 +58,7 @@ async def test_a_router_that_just_started_waits_for_its_models_record(monkeypatc
         router = router_module.Router("m", [h.cluster.engine_handle("m", 0)], rec.plan.replicas, 8)
 
         async def app(scope, receive, send):
-            await (await router._answer(Request(scope, receive)))(scope, receive, send)
+            await (await router.answer(Request(scope, receive)))(scope, receive, send)
 
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
             r = await client.get("/v1/models/m")
@@ -95,7 +95,7 @@ async def test_a_router_whose_view_still_says_deploying_asks_the_registry(monkey
         router._on_models([deploying])  # its long-poll is one change behind
 
         async def app(scope, receive, send):
-            await (await router._answer(Request(scope, receive)))(scope, receive, send)
+            await (await router.answer(Request(scope, receive)))(scope, receive, send)
 
         answered_for = []
 
@@ -103,7 +103,9 @@ async def test_a_router_whose_view_still_says_deploying_asks_the_registry(monkey
             answered_for.append(rec.status)
             return Response(status_code=200)
 
-        monkeypatch.setattr(router_module, "respond_for", respond_for)
+        from hive_apps.routing import pipeline
+
+        monkeypatch.setattr(pipeline, "respond_for", respond_for)  # the pipeline the router shares with the gateway
         body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
             await client.post("/v1/chat/completions", json=body)
