@@ -79,7 +79,6 @@ class Change:
 
     model_id: str
     record: ModelRecord | None  # None: the record was removed
-    saved: list[Reservation] = field(default_factory=list)  # booked by this change (for logs)
     forgotten: list[str] = field(default_factory=list)  # reservation keys released by it
     # every reservation the model holds after the change, as the ledger had them then
     reservations: list[Reservation] = field(default_factory=list)
@@ -163,11 +162,11 @@ class ModelBook:
                                   + " | ".join(s.value for s in allowed))
         return rec.model_copy(deep=True)
 
-    def _commit(self, rec: ModelRecord, saved: Iterable[Reservation] = (), forgotten: Iterable[str] = ()) -> Change:
+    def _commit(self, rec: ModelRecord, forgotten: Iterable[str] = ()) -> Change:
         rec.version += 1
         self.records[rec.model_id] = rec
         self.version += 1
-        return Change(rec.model_id, rec.model_copy(deep=True), list(saved), list(forgotten), self.snapshot(rec.model_id))
+        return Change(rec.model_id, rec.model_copy(deep=True), list(forgotten), self.snapshot(rec.model_id))
 
     def _same(self, rec: ModelRecord) -> Change:
         """An idempotent transition that changed nothing (persisted again all the same)."""
@@ -202,7 +201,7 @@ class ModelBook:
             # earlier record under this id (deleted, then deployed again) can never match it
             "status": ModelStatus.DEPLOYING, "version": existing.version if existing else self.version,
             "created_at": now, "starting_since": now, "plan_generation": 1, "applied_generation": 0})
-        return self._commit(rec, saved=[r.model_copy() for r in reservations])
+        return self._commit(rec)
 
     def applied(self, model_id: str, version: int, generation: int, now: float) -> Change:
         rec = self._current(model_id, "applied", version, STARTING)
@@ -233,7 +232,7 @@ class ModelBook:
         rec.healing_replicas = []
         rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.message = rec.message if rec.lost_replicas else ""
-        return self._commit(rec, saved=self.ledger.of_model(model_id), forgotten=forgotten)
+        return self._commit(rec, forgotten=forgotten)
 
     @staticmethod
     def _woke(rec: ModelRecord, engine_start_s: dict[str, float], warm_up_s: dict[str, float], now: float) -> None:
@@ -277,7 +276,7 @@ class ModelBook:
             rec.lost_replicas.pop(names.replica_label(i), None)
         rec.message = "replacing " + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}"
                                                for rp in replacements)
-        return self._commit(rec, saved=new)
+        return self._commit(rec)
 
     def heal_failed(self, model_id: str, version: int, reason: str, now: float, backoff_cap_s: float) -> Change:
         """A replacement did not start: free it, mark it lost again and back off."""
@@ -347,9 +346,9 @@ class ModelBook:
             nodes = sorted({rp.node_name for rp in live})
             rec.message = f"going to sleep at level 1: weights to the host RAM of {', '.join(nodes)}"
         except ReservationError as e:
-            host, rec.sleep_mode = [], SleepMode.LEVEL2
+            rec.sleep_mode = SleepMode.LEVEL2
             rec.message = f"going to sleep at level 2 (weights discarded): {e.message}"
-        return self._commit(rec, saved=host)
+        return self._commit(rec)
 
     def dozed(self, model_id: str, version: int, now: float) -> Change:
         """Its engines sleep: their device memory is free (the weights of level 1 are in host RAM)."""
@@ -362,7 +361,7 @@ class ModelBook:
         assert rec.sleep_mode is not None  # sleeps_in_place: it has one
         rec.message = (f"sleeping ({rec.sleep_mode.value} since {now:.0f}): {rec.sleep_reason}; "
                        "the next request wakes it in place")
-        return self._commit(rec, saved=self.ledger.of_model(model_id), forgotten=forgotten)
+        return self._commit(rec, forgotten=forgotten)
 
     def parked(self, model_id: str, now: float) -> Change:
         """Its engines are gone: release what they held, host RAM included. Idempotent."""
@@ -423,7 +422,7 @@ class ModelBook:
         rec.wake_placement_s, rec.wake_evicted = placement_s, list(evicted)
         rec.message = ("waking: " + ("waking its engines on " if in_place else "starting ")
                        + ", ".join(f"{names.replica_label(rp.index)} on {'+'.join(rp.devices)}" for rp in plan.replicas))
-        return self._commit(rec, saved=[r.model_copy() for r in reservations])
+        return self._commit(rec)
 
     def wake_failed(self, model_id: str, version: int, reason: str, now: float) -> Change:
         """No room, or its engine did not start: back to sleep; held requests get 503. An engine
@@ -462,7 +461,7 @@ class ModelBook:
         rec.placed_at[replica.index] = rec.plan_generation
         rec.status, rec.healing_replicas, rec.starting_since = ModelStatus.SCALING, [replica.index], now
         rec.message = f"scaling up: starting {names.replica_label(replica.index)} on {'+'.join(replica.devices)}"
-        return self._commit(rec, saved=[new])
+        return self._commit(rec)
 
     def _without(self, rec: ModelRecord, indices: builtins.list[int]) -> builtins.list[str]:
         """Drop replicas from the plan (their app was already rebuilt without them) and free them."""

@@ -161,10 +161,9 @@ class Registry:
             self.nodes[node_id] = sample
             self.ledger.update_node(node_id, sample.devices)
             self.ledger.update_host(sample)
-        for node_id in [n for n in self.nodes if n not in alive]:
-            del self.nodes[node_id]
-        for node_id in [n for n in self.in_ray if n not in alive]:
-            del self.in_ray[node_id]
+        for by_node in (self.nodes, self.in_ray):
+            for node_id in [n for n in by_node if n not in alive]:
+                del by_node[node_id]
         self.ledger.drop_nodes_except(alive)
         await self._release_dead_nodes(all_nodes)
         await self._expire_pending()

@@ -177,7 +177,7 @@ class Transitions(RuleBasedStateMachine):
             note(f"{name} {c.model_id}: " + ("removed" if rec is None else
                  f"v{rec.version} {rec.status.value} resident={rec.resident} sleep={rec.sleep_mode and rec.sleep_mode.value} "
                  f"plan={[(rp.index, rp.devices) for rp in rec.plan.replicas]} lost={sorted(rec.lost_replicas)}")
-                 + f" +{[r.key for r in c.saved]} -{c.forgotten}")
+                 + f" ={[r.key for r in c.reservations]} -{c.forgotten}")
         for c in changes:
             now = self.book.records.get(c.model_id)
             assert (c.record.model_dump() if c.record else None) == (now.model_dump() if now else None), \
