@@ -69,10 +69,10 @@ sys.path.insert(0, str(ROOT))
 from hive_apps.engine.protocol import ForwardedRequest, ResponseStart  # noqa: E402
 from hive_apps.engine.sim_engine import SimEngine  # noqa: E402
 from hive_apps.registry.catalog import GPU_CATALOG  # noqa: E402
+from hive_apps.routing.liveness import LOAD_POLL_S  # noqa: E402
 from hive_apps.routing.policy import ReplicaView, choose_replica  # noqa: E402
 from tests.unit.helpers import replica_plan  # noqa: E402
 
-LOAD_POLL_S = 0.25  # hive_apps/routing/replica_set.py LOAD_POLL_S (not imported: it needs Ray Serve)
 MODEL = "bench-model"
 PROMPT_TOKENS = 256  # SimEngine counts len(text) // 4 tokens
 TTFT_SLO_S = 1.0

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hive_apps.routing.liveness import is_live
+
 if TYPE_CHECKING:
     from hive_apps.engine.protocol import EngineLoad
     from hive_apps.registry.ledger import DeviceState
@@ -178,7 +180,7 @@ def replica_samples(model_id: str, views: Iterable[ReplicaView], loads: dict[int
                 sample("hive_replica_running", v.engine_running, **tags),
                 sample("hive_replica_waiting", v.engine_waiting, **tags),
                 sample("hive_replica_kv_usage", load.kv_cache_usage if load is not None else 0.0, **tags),
-                sample("hive_replica_healthy", 1 if v.healthy else 0, **tags)]
+                sample("hive_replica_healthy", 1 if is_live(v) else 0, **tags)]
     return out
 
 

@@ -25,6 +25,7 @@ ADMIN_TOKEN = "test-admin-token"
 API_KEY = "test-api-key"
 OTHER_API_KEY = "test-api-key-2"  # a second client (per-key shares, e.g. of a sleeping model's hold slots)
 MONITOR_TOKEN = "test-monitor-token"
+SIM_MODEL = str(ROOT / "tests" / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")  # a config the planner knows
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 from hive_apps import names
 from hive_apps.auth import valid_node_name
 from hive_apps.planning.types import EngineSettings, MemoryBreakdown, Rejection
-from hive_apps.registry.records import ModelRecord, ModelStatus, SleepMode, WakeReport
+from hive_apps.registry.records import IllegalState, ModelRecord, ModelState, ModelStatus, SleepMode, WakeReport
 from hive_apps.weights.types import FetchProgress
 
 
@@ -28,6 +28,9 @@ class ModelStatusResponse(BaseModel):
     model: str
     engine: str
     status: ModelStatus
+    # the lifecycle as one typed value: phase (= status), residency, replicas, destroy (records.ModelState;
+    # the flags below stay as they were); None only for a stored record whose flags make no state
+    state: ModelState | None = None
     message: str = ""
     route: str
     openai_v1: str = "/v1"
@@ -64,6 +67,7 @@ class ModelStatusResponse(BaseModel):
             model=rec.spec.model,
             engine=rec.spec.engine.value,
             status=rec.status,
+            state=_state(rec),
             message=rec.message,
             route=names.model_route(rec.model_id),
             status_url=f"/admin/models/{rec.model_id}",
@@ -88,6 +92,15 @@ class ModelStatusResponse(BaseModel):
             last_request_at=rec.last_request_at,
             last_wake=rec.last_wake,
         )
+
+
+def _state(rec: ModelRecord) -> ModelState | None:
+    """A stored record loads as it was (``ModelRecord.from_stored``): one whose flags make no state
+    still lists, without it."""
+    try:
+        return rec.state
+    except IllegalState:
+        return None
 
 
 class MonitorTokenRequest(BaseModel):

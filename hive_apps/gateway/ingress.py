@@ -42,12 +42,13 @@ class GatewayApp(OpenAIEntry):
     entry = "gateway"
     requires_model = True
 
-    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time):
+    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                 replicas: int = 1):
         self.settings = settings
         self._records: dict[str, ModelRecord] = {}
         self._replicas = ModelReplicas(cluster)
         self.replicas_of = self._replicas.of
-        self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock)
+        self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock, replicas=replicas)
         self._new_models = NewModelLookup(lambda model_id: registry_record(model_id, cluster))
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models, cluster))
@@ -100,8 +101,10 @@ class GatewayApp(OpenAIEntry):
         return rec
 
 
-def make_gateway_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time) -> GatewayApp:
+def make_gateway_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                     replicas: int = 1) -> GatewayApp:
     """The gateway on ``cluster`` (its registry and engines), under ``settings`` (API keys, hold
-    bounds, media hosts), with ``clock`` for wall time. Call it on a running event loop: the app
-    starts following the registry at once."""
-    return GatewayApp(cluster, settings, clock)
+    bounds, media hosts), with ``clock`` for wall time, as one of ``replicas`` gateway replicas
+    (they share the hold bound). Call it on a running event loop: the app starts following the
+    registry at once."""
+    return GatewayApp(cluster, settings, clock, replicas)

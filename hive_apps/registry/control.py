@@ -13,7 +13,7 @@ for one with a typed message; ``registry/transitions.py`` maps each onto its met
     applied       deploying | healing           (same)                  admin: app built for the plan
     started       deploying | healing           ready | degraded        admin: every live replica up
     fail          deploying                     failed                  admin: start failed or timed out
-    heal          degraded                      healing                 admin: replacements placed
+    heal          degraded (not retiring ones)  healing                 admin: replacements placed
     heal_failed   healing                       degraded                admin: a replacement failed
     note          any                           (same)                  admin: a message, a back-off
     delete        any                           deleting                admin: DELETE /models/{id}
@@ -163,6 +163,7 @@ class ModelBook:
         return rec.model_copy(deep=True)
 
     def _commit(self, rec: ModelRecord, forgotten: Iterable[str] = ()) -> Change:
+        rec.check_state()  # a transition that leaves an illegal state (records.LEGAL) is a bug: never stored
         rec.version += 1
         self.records[rec.model_id] = rec
         self.version += 1
@@ -261,6 +262,9 @@ class ModelBook:
         not_lost = [i for i in indices if names.replica_label(i) not in rec.lost_replicas]
         if not indices or not_lost:
             raise TransitionError(f"heal: replicas {not_lost or indices} of {model_id!r} are not lost")
+        if going := [i for i in indices if i in rec.retiring]:  # ``retired`` drops it: a replacement would
+            # serve what load let go, and its loss would leave the model healing with nothing starting
+            raise TransitionError(f"heal: {model_id!r} retires replicas {going}: a retiring replica is never replaced")
         new = [Reservation.for_replica(model_id, rp) for rp in replacements]
         try:
             self.ledger.reserve(new)

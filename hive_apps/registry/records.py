@@ -1,7 +1,9 @@
 """Durable records the registry keeps: reservations and deployed models.
 
 A model's KV value is its record with the reservations it books (``dump_stored``): one key per
-model, so every change of a model, its bookings included, is one atomic KV write.
+model, so every change of a model, its bookings included, is one atomic KV write. Its lifecycle is
+one typed state (``ModelRecord.state``) read from its status and flags; ``LEGAL`` lists the states
+a record may be in.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, model_validator
 
 from hive_apps import names
 from hive_apps.planning.types import Plan, ReplicaPlan
@@ -112,6 +114,103 @@ class SleepMode(str, Enum):
         return self is not SleepMode.PARKED
 
 
+# --- the typed lifecycle state ----------------------------------------------------------------------
+# A record stores its lifecycle as a status and flags (the stored JSON stays as it was);
+# ``ModelRecord.state`` reads them as one typed state, and ``LEGAL`` lists every state a transition may
+# leave a record in.
+
+
+class Residency(str, Enum):
+    """Where a model's memory is: ``resident``, ``sleep_mode`` and ``wake_placed`` read together (a
+    combination of them that no value stands for is illegal)."""
+
+    RESIDENT = "resident"  # its devices are booked; engines up, starting or stopping
+    # drained, falling asleep in place (or woken before it slept): its devices booked, at level 1 host RAM too
+    DOZING_LEVEL1 = "dozing_level1"
+    DOZING_LEVEL2 = "dozing_level2"
+    ASLEEP_LEVEL1 = "asleep_level1"  # engines asleep in place, devices free, weights in booked host RAM
+    ASLEEP_LEVEL2 = "asleep_level2"  # engines asleep in place, devices free, weights discarded
+    PARKED = "parked"  # no engine, nothing booked (the plan is kept)
+    PLACED_LEVEL1 = "placed_level1"  # a wake booked its devices again: engines wake in place from level 1
+    PLACED_LEVEL2 = "placed_level2"  # the same from level 2
+    PLACED = "placed"  # a wake placed a parked model anew: its new plan's devices booked, engines start
+    NONE = "none"  # nothing booked and nothing asleep (destroyed)
+
+
+# (resident, sleep_mode, wake_placed) -> residency; the other combinations stand for nothing
+_RESIDENCY: Final[dict[tuple[bool, SleepMode | None, bool], Residency]] = {
+    (True, None, False): Residency.RESIDENT,
+    (True, SleepMode.LEVEL1, False): Residency.DOZING_LEVEL1,
+    (True, SleepMode.LEVEL2, False): Residency.DOZING_LEVEL2,
+    (False, SleepMode.LEVEL1, False): Residency.ASLEEP_LEVEL1,
+    (False, SleepMode.LEVEL2, False): Residency.ASLEEP_LEVEL2,
+    (False, SleepMode.PARKED, False): Residency.PARKED,
+    (True, SleepMode.LEVEL1, True): Residency.PLACED_LEVEL1,
+    (True, SleepMode.LEVEL2, True): Residency.PLACED_LEVEL2,
+    (True, SleepMode.PARKED, True): Residency.PLACED,
+    (False, None, False): Residency.NONE,
+}
+
+
+class ReplicaChange(str, Enum):
+    """What its replicas do besides serving: ``healing_replicas`` and ``retiring`` read together."""
+
+    NONE = "none"
+    STARTING = "starting"  # replacements of lost replicas, or a replica added for load, start
+    RETIRING = "retiring"  # replicas drain before they are removed (load went down)
+    STARTING_AND_RETIRING = "starting_and_retiring"  # both: lost replicas are replaced while another drains
+
+
+class ModelState(BaseModel):
+    """A model's lifecycle as one typed value (``ModelRecord.state``); legal when in ``LEGAL``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: ModelStatus
+    residency: Residency
+    replicas: ReplicaChange = ReplicaChange.NONE
+    destroy: bool = False  # removed for idleness (``destroy_reason``): the record stays, destroyed
+
+    @property
+    def legal(self) -> bool:
+        return self in LEGAL
+
+
+class IllegalState(ValueError):
+    """A record whose flags make no legal state: a transition that wrote it is a bug."""
+
+
+def _legal_table() -> frozenset[ModelState]:
+    S, R, W = ModelStatus, Residency, ReplicaChange
+    in_place = (R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2)
+    asleep = (R.RESIDENT, *in_place, R.PARKED)  # sleep drains, doze, dozed, parked, wake_failed
+    serving = {(R.RESIDENT, W.NONE), (R.RESIDENT, W.RETIRING)}  # retire; retired
+    # phase -> the (residency, replicas) it may hold, read from the transitions (registry/control.py)
+    holds: dict[ModelStatus, set[tuple[Residency, ReplicaChange]]] = {
+        S.DEPLOYING: {(R.RESIDENT, W.NONE)},
+        S.READY: serving,
+        S.DEGRADED: serving,  # a node died (under a replica that retires, too)
+        S.HEALING: {(R.RESIDENT, W.STARTING), (R.RESIDENT, W.STARTING_AND_RETIRING)},  # heal keeps a pending retire
+        S.SCALING: {(R.RESIDENT, W.STARTING)},  # scale_up only while nothing retires
+        S.FAILED: {(R.RESIDENT, W.NONE)},  # fail releases its bookings but leaves the flags as deploying had them
+        S.SLEEPING: {(r, W.NONE) for r in asleep},  # sleep ends a pending retire; parked any start
+        S.WAKING: {(r, W.NONE) for r in (*asleep, R.PLACED_LEVEL1, R.PLACED_LEVEL2, R.PLACED)},  # wake, placed
+        S.DESTROYED: {(R.NONE, W.NONE), (R.NONE, W.RETIRING)},  # deleted keeps a retire pending at destroy
+    }
+    legal = {ModelState(phase=p, residency=r, replicas=w, destroy=p is S.DESTROYED)
+             for p, pairs in holds.items() for r, w in pairs}
+    # delete starts from anything and wins over whatever was in flight (a node loss may end a start
+    # meanwhile); destroy starts from ready, degraded or sleeping
+    legal |= {ModelState(phase=S.DELETING, residency=r, replicas=w) for pairs in holds.values() for r, w in pairs}
+    legal |= {ModelState(phase=S.DELETING, residency=r, replicas=w, destroy=True)
+              for p in (S.READY, S.DEGRADED, S.SLEEPING) for r, w in holds[p]}
+    return frozenset(legal)
+
+
+LEGAL: Final[frozenset[ModelState]] = _legal_table()  # every state a record may be stored in
+STORED: Final = "stored"  # validation context key: a record read back from the KV
+
+
 class WakeReport(BaseModel):
     """How the last wake went, for the model's status."""
 
@@ -168,6 +267,36 @@ class ModelRecord(BaseModel):
     # why today's policy refuses its stored spec (set when the registry reads it back; never stored)
     policy_warning: str = Field(default="", exclude=True)
 
+    @model_validator(mode="after")
+    def _legal_state(self, info: ValidationInfo) -> ModelRecord:
+        """A record built in an illegal state is refused. One read back from the KV loads as it was
+        stored (quarantining a running model for a flag an older registry left would lose it);
+        ``ModelBook._commit`` refuses to store an illegal state again."""
+        if not (info.context or {}).get(STORED):
+            self.check_state()
+        return self
+
+    @property
+    def state(self) -> ModelState:
+        """Its status and lifecycle flags as one typed state (``LEGAL`` says whether it may be)."""
+        residency = _RESIDENCY.get((self.resident, self.sleep_mode, self.wake_placed))
+        if residency is None:
+            raise IllegalState(f"{self.model_id}: resident={self.resident}, sleep_mode="
+                               f"{self.sleep_mode and self.sleep_mode.value}, wake_placed={self.wake_placed} "
+                               "stand for no residency")
+        starting, retiring = bool(self.healing_replicas), bool(self.retiring)
+        replicas = (ReplicaChange.STARTING_AND_RETIRING if starting and retiring else ReplicaChange.STARTING
+                    if starting else ReplicaChange.RETIRING if retiring else ReplicaChange.NONE)
+        return ModelState(phase=self.status, residency=residency, replicas=replicas, destroy=bool(self.destroy_reason))
+
+    def check_state(self) -> ModelState:
+        """Its state, or ``IllegalState`` when that is not in ``LEGAL``."""
+        state = self.state
+        if not state.legal:
+            raise IllegalState(f"{self.model_id}: {state.phase.value}, {state.residency.value}, replicas "
+                               f"{state.replicas.value}{', destroy' if state.destroy else ''} is not a legal state")
+        return state
+
     @classmethod
     def from_stored(cls, raw: bytes) -> ModelRecord:
         """A record as the registry stored it. Its spec was accepted when it was deployed, so one that
@@ -175,11 +304,11 @@ class ModelRecord(BaseModel):
         with the reason in ``policy_warning`` and its message, until an operator deletes it. Raises only
         when the record does not parse even without the spec's validators."""
         try:
-            return cls.model_validate_json(raw)
+            return cls.model_validate_json(raw, context={STORED: True})
         except ValidationError as e:
             refused = e
         try:
-            stored = _StoredRecord.model_validate_json(raw)
+            stored = _StoredRecord.model_validate_json(raw, context={STORED: True})
         except ValidationError:
             raise refused from None
         spec = ModelSpec.model_construct(stored.spec.model_fields_set, **dict(stored.spec))

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable
 
 from hive_apps import names
 from hive_apps.cluster import Cluster, get_cluster
-from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.planning.types import ReplicaPlan
 from hive_apps.registry.records import LISTED, ModelRecord
+from hive_apps.routing.liveness import live_plan
 from hive_apps.routing.replica_set import ReplicaSet, default_queue_bound
 
 log = logging.getLogger("ray.serve")
@@ -31,16 +32,6 @@ LOOKUP_TIMEOUT_S = 1.0  # the registry answers in milliseconds; a slow one does 
 MISSING_TTL_S = 2.0  # a name found missing is answered 404 without asking again for this long
 MISSING_MAX = 4096  # names remembered as missing, oldest forgotten first
 LOOKUPS_PER_S = 20.0  # registry lookups per second, all names together (made-up names differ each time)
-
-
-def live_plan(rec: ModelRecord) -> Plan:
-    """The replicas requests may go to: not the ones lost with their node, not the ones still
-    starting (a replacement, or one added for load: its deployment may not exist yet), not
-    the ones being drained for removal."""
-    return rec.plan.model_copy(update={"replicas": [
-        rp for rp in rec.plan.replicas
-        if names.replica_label(rp.index) not in rec.lost_replicas
-        and rp.index not in rec.retiring and rp.index not in rec.healing_replicas]})
 
 
 def replica_fingerprint(replicas: list[ReplicaPlan]) -> tuple:

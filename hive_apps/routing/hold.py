@@ -47,6 +47,13 @@ def client_of(authorization: str | None) -> str | None:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:16] if token else None
 
 
+def replica_slots(model_slots: int, replicas: int) -> int:
+    """This entry replica's part of a model's HIVE_HOLD_MAX_PER_MODEL when ``replicas`` replicas of
+    the same entry (the gateway's) share it: the bound holds for the entry as a whole, the way a
+    client sees it, however many replicas Serve spreads requests over."""
+    return -(-model_slots // replicas)  # ceil: every replica can hold at least one when the bound is not 0
+
+
 class HoldRefused(Exception):
     """The request cannot wait (or waited in vain): answer with this response."""
 
@@ -90,8 +97,9 @@ def _log_refusal(request_id: str | None, rec: ModelRecord) -> None:
 
 class WakeHold:
     def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], Awaitable[object]] | None = None, entry: str = "router",
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, replicas: int = 1):
         self.settings = settings
+        self.slots = replica_slots(settings.hold_max_per_model, replicas)  # of each model, in this replica
         self.clock = clock  # wall time, as the records' ``wake_failed_at`` has it
         self.entry = entry  # who holds (gateway or router), for hive_held_requests
         self.records: dict[str, ModelRecord] = {}
@@ -113,16 +121,18 @@ class WakeHold:
     async def wait(self, model_id: str, request_id: str | None = None, client: str | None = None) -> ModelRecord:
         """Hold one request until the model serves; its record then. Raises ``HoldRefused``.
         ``client``: who sent it (``client_of``), for the per-client share of the slots."""
-        slots = self.settings.hold_max_per_model
+        slots = self.slots
         if self.held.get(model_id, 0) >= slots:
             metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="hold_full")
-            raise _refusal(429, f"model '{model_id}' is waking and {slots} requests already "
-                                f"wait for it (HIVE_HOLD_MAX_PER_MODEL); retry after {RETRY_AFTER_S}s")
+            raise _refusal(429, f"model '{model_id}' is waking and {slots} requests already wait for it here "
+                                f"(HIVE_HOLD_MAX_PER_MODEL={self.settings.hold_max_per_model}, shared by this entry's "
+                                f"replicas); retry after {RETRY_AFTER_S}s")
         mine = (model_id, client) if client is not None else None
         if mine is not None and self.held_by.get(mine, 0) >= client_slots(slots):
             metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="client_share")
             raise _refusal(429, f"model '{model_id}' is waking and {client_slots(slots)} of your requests already wait "
-                                f"for it (one API key holds at most half of HIVE_HOLD_MAX_PER_MODEL={slots}); "
+                                f"for it (one API key holds at most half of the {slots} here, of HIVE_HOLD_MAX_PER_MODEL="
+                                f"{self.settings.hold_max_per_model}); "
                                 f"retry after {RETRY_AFTER_S}s")
         self.held[model_id] = self.held.get(model_id, 0) + 1
         if mine is not None:

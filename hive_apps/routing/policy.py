@@ -18,6 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hive_apps.planning.types import ReplicaPlan
+from hive_apps.routing.liveness import is_live
 
 
 class ReplicaView(BaseModel):
@@ -26,7 +27,7 @@ class ReplicaView(BaseModel):
     in_flight: int = 0  # from this router
     engine_running: int = 0
     engine_waiting: int = 0
-    healthy: bool = True
+    healthy: bool = True  # routing/liveness.py's to set; read it with is_live
     seq_tokens_per_s: float = 0.0  # the plan's throughput estimate / max_num_seqs
     queued_tokens: int = 0  # prompt tokens sent by this router and not yet answering
     token_budget: int = 8192  # planned max_num_batched_tokens
@@ -48,15 +49,15 @@ class ReplicaView(BaseModel):
 
 
 def queue_full(replicas: list[ReplicaView], bound: int) -> bool:
-    """Every healthy replica is at capacity and ``bound`` requests already wait beyond it."""
-    healthy = [r for r in replicas if r.healthy]
-    if not healthy or any(r.load < r.capacity for r in healthy):
+    """Every live replica is at capacity and ``bound`` requests already wait beyond it."""
+    live = [r for r in replicas if is_live(r)]
+    if not live or any(r.load < r.capacity for r in live):
         return False
-    return sum(r.load - r.capacity for r in healthy) >= bound
+    return sum(r.load - r.capacity for r in live) >= bound
 
 
 def choose_replica(replicas: list[ReplicaView], exclude: set[int] | frozenset[int] = frozenset()) -> ReplicaView | None:
-    candidates = [r for r in replicas if r.healthy and r.index not in exclude]
+    candidates = [r for r in replicas if is_live(r) and r.index not in exclude]
     if not candidates:
         return None
     return min(candidates, key=lambda r: (r.pressure, r.load, -r.seq_tokens_per_s, -r.capacity, r.index))

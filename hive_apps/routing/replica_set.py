@@ -1,18 +1,15 @@
 """The routing state of one model, shared by its router and by the gateway.
 
-Holds one handle per engine replica, polls their live load every 250 ms (every 2 s while no
-request came for 2 s) and sends each
-request to the replica with the lowest load relative to its planned capacity
-(``routing/policy.py``). A replica that fails before answering is retried on another;
-when every replica is full and the model's queue bound is reached the answer is a 429.
-A request that carries many sequences (a list of prompts, n > 1) is split over replicas
-by free capacity (``routing/split.py``).
+Sends each request to the live replica with the lowest load relative to its planned capacity
+(``routing/policy.py``); a replica that fails before answering is retried on another; when
+every replica is full and the model's queue bound is reached the answer is a 429. A request
+that carries many sequences (a list of prompts, n > 1) is split over replicas by free
+capacity (``routing/split.py``). Which replicas are live, and their load, come from the load
+poll (``routing/liveness.py``); the calls go over ``routing/transport.py``.
 
 The gateway keeps one ``ReplicaSet`` per ready model and calls the engines itself, so a
 request through ``/v1`` crosses one hop (gateway -> engine), like one through
-``/<model_id>/v1`` (router -> engine). That hop is a keep-alive HTTP request to the
-replica's own port (``engine/http_server.py``) once the load poll has learnt it; until
-then, or with ``HIVE_ENGINE_HTTP=0``, a Serve handle call (unary when not streaming).
+``/<model_id>/v1`` (router -> engine).
 """
 
 from __future__ import annotations
@@ -21,56 +18,29 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import aiohttp
 from ray.serve.handle import DeploymentHandle
 
 from hive_apps import metrics, names, request_ids
 from hive_apps.cluster import Cluster, get_cluster
-from hive_apps.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, TOKEN_HEADER, EngineEndpoint
+from hive_apps.engine.http_server import EngineEndpoint
 from hive_apps.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.openai_errors import openai_error
 from hive_apps.planning.types import Plan, ReplicaPlan
+from hive_apps.routing.liveness import LoadPoll, is_live, mark_failed
 from hive_apps.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate, queue_full
 from hive_apps.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
-from hive_apps.settings import get_settings
+from hive_apps.routing.transport import EngineHung, HttpTransport, Reply, make_transport
 
 log = logging.getLogger("ray.serve")
 
-LOAD_POLL_S = 0.25
-# Nothing sent for IDLE_AFTER_S and nothing in flight: poll every IDLE_POLL_S only (health and
-# other routers' load), and poll at once when the next request comes. Each poll costs both
-# processes CPU on the cores the engines use (benchmarks/bench_vs_vllm.py, idle CPU by process).
-IDLE_AFTER_S = 2.0
-IDLE_POLL_S = 2.0
-LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
-PROBE_TIMEOUT_S = 5.0  # a busy engine's load answer while a long unary request waits on it
 MAX_ATTEMPTS = 2
 RETRY_AFTER_S = 1
 JSON = ("content-type", "application/json")
 REPLICA_HEADER = "x-hive-replica"
 SPLITTABLE = (COMPLETIONS, CHAT)
-
-Reply = tuple[ResponseStart, bytes]
-
-
-class EngineOverloaded(Exception):
-    """The engine port's own 503 at its connection limit: nothing ran, so another replica may answer."""
-
-
-class EngineHung(Exception):
-    """A unary request's engine stopped answering its liveness probe: it may still be generating,
-    so the request is not run again elsewhere."""
-
-
-def _checked(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
-    if resp.status == 503 and OVERLOADED_HEADER in resp.headers:
-        resp.release()
-        raise EngineOverloaded(f"{resp.url.host}:{resp.url.port} at its connection limit")
-    return resp
 
 
 def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
@@ -80,23 +50,14 @@ def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
     return max((rp.settings.max_num_seqs for rp in plan.replicas), default=0)
 
 
-class ReplicaSet:
+class ReplicaSet(LoadPoll):
     def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
+        super().__init__({rp.index: ReplicaView.of_plan(rp) for rp in replicas})
         self.model_id = model_id
         self.queue_bound = queue_bound
         self.handles = handles
-        self.streams = {i: h.options(stream=True) for i, h in handles.items()}
-        self.views = {rp.index: ReplicaView.of_plan(rp) for rp in replicas}
         self.devices = {rp.index: list(rp.devices) for rp in replicas}
-        self.loads: dict[int, EngineLoad] = {}  # the last load each replica reported
-        self.on_refresh: Callable[[ReplicaSet], None] | None = None  # after each load poll (the router's metrics)
-        self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in handles}
-        self._poller: asyncio.Task | None = None
-        self._http: aiohttp.ClientSession | None = None
-        self._used_at = 0.0  # monotonic time of the last request
-        self._asking: asyncio.Task | None = None  # a poll that requests finding no healthy replica wait on
-        self._wake = asyncio.Event()
-        self._read_timeout_s = 0.0  # the connections' idle limit, set with them
+        self.transport = make_transport(handles)
 
     @classmethod
     def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None) -> ReplicaSet:
@@ -105,129 +66,24 @@ class ReplicaSet:
         handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
         return cls(model_id, handles, plan.replicas, queue_bound)
 
-    def start(self) -> None:
-        if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_load())
+    @property
+    def endpoints(self) -> dict[int, EngineEndpoint | None]:
+        """The ports the HTTP transport learnt (None: not yet; empty with HIVE_ENGINE_HTTP=0), for tests and debugging."""
+        return self.transport.endpoints if isinstance(self.transport, HttpTransport) else {}
+
+    @endpoints.setter
+    def endpoints(self, known: dict[int, EngineEndpoint | None]) -> None:
+        if isinstance(self.transport, HttpTransport):
+            self.transport.endpoints = known
 
     def close(self) -> None:
         """Stop polling; the connections close once the requests still on them are answered
         (a set is replaced when the model's replicas change, with requests in flight)."""
-        if self._poller is not None:
-            self._poller.cancel()
-        if self._http is not None:
-            asyncio.get_running_loop().create_task(self._close_when_idle())
-
-    async def _close_when_idle(self) -> None:
-        deadline = time.monotonic() + self._read_timeout_s
-        while any(v.in_flight for v in self.views.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
-        if self._http is not None:
-            await self._http.close()
-
-    async def _poll_load(self) -> None:
-        while True:
-            await self._refresh()
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S if self._idle() else LOAD_POLL_S)
-
-    async def _refresh(self) -> None:
-        """Ask every replica for its load now."""
-        indices = list(self.handles)
-        results = await asyncio.gather(*(self._poll_one(i) for i in indices), return_exceptions=True)
-        for i, res in zip(indices, results):
-            view = self.views[i]
-            if isinstance(res, EngineLoad):
-                view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
-                self.loads[i] = res
-            else:
-                view.healthy = False
-        if self.on_refresh is not None:
-            self.on_refresh(self)
-
-    async def _any_healthy(self) -> bool:
-        """Whether some replica looks healthy; if none does, ask again before giving up: a view is
-        at most one poll old, and a replica that just came up was down at the last poll.
-        Requests that arrive together share one such poll."""
-        if not any(v.healthy for v in self.views.values()):
-            if self._asking is None or self._asking.done():
-                self._asking = asyncio.get_running_loop().create_task(self._refresh())
-            await asyncio.shield(self._asking)
-        return any(v.healthy for v in self.views.values())
-
-    def _idle(self) -> bool:
-        return time.monotonic() - self._used_at > IDLE_AFTER_S and not any(v.in_flight for v in self.views.values())
-
-    def _touch(self) -> None:
-        """A request arrived: back to polling every LOAD_POLL_S, starting now if the set was idle."""
-        if self._idle():
-            self._wake.set()
-        self._used_at = time.monotonic()
+        self.stop()
+        self.transport.close()
 
     async def _poll_one(self, i: int) -> EngineLoad:
-        """Over the replica's own port when it is known (cheap); else ask Serve, and learn the port."""
-        endpoint = self.endpoints[i]
-        if endpoint is not None:
-            try:
-                async with await self._request(endpoint, "GET", LOAD_PATH, timeout=LOAD_TIMEOUT_S) as resp:
-                    if resp.status == 200:
-                        return EngineLoad.model_validate_json(await resp.read())
-            except Exception:
-                pass
-            self.endpoints[i] = None  # gone or restarted: the handle says which
-        self.endpoints[i] = await asyncio.wait_for(self.handles[i].endpoint.remote(), timeout=LOAD_TIMEOUT_S)
-        return await asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S)
-
-    async def _request(self, endpoint: EngineEndpoint, method: str, path: str, body: bytes = b"",
-                       headers: Sequence[tuple[str, str]] = (), timeout: float | None = None,
-                       unary: bool = False) -> aiohttp.ClientResponse:
-        """One request to a replica's own port; the caller reads and releases the response.
-        ``unary``: no idle limit on the answer (``_while_alive`` watches the engine instead)."""
-        if self._http is None:
-            # no total deadline (answers stream for as long as they take), but a hung engine that
-            # sends nothing for HIVE_ENGINE_READ_TIMEOUT_S fails the request instead of holding it
-            self._read_timeout_s = get_settings().engine_read_timeout_s
-            idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=self._read_timeout_s)
-            self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
-                                               auto_decompress=False)
-        extra: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=timeout)} if timeout else {}
-        if unary:
-            extra = {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)}
-        return await self._http.request(method, endpoint.url + path, data=body,
-                                        headers=[*headers, (TOKEN_HEADER, endpoint.token)], **extra)
-
-    async def _post(self, endpoint: EngineEndpoint, req: ForwardedRequest, unary: bool = False) -> aiohttp.ClientResponse:
-        path = req.path + (f"?{req.query}" if req.query else "")
-        return await self._request(endpoint, req.method, path, req.body, req.headers, unary=unary)
-
-    async def _unary_over_http(self, endpoint: EngineEndpoint, req: ForwardedRequest) -> Reply:
-        async with await self._post(endpoint, req, unary=True) as resp:
-            return _start_of(_checked(resp)), await resp.read()
-
-    async def _while_alive(self, endpoint: EngineEndpoint, work: Coroutine[Any, Any, Reply]) -> Reply:
-        """A non-streaming answer arrives whole when its generation ends, which may take longer than
-        any idle limit: wait for it for as long as the engine's port answers a load probe every
-        HIVE_ENGINE_READ_TIMEOUT_S. A probe that fails means the engine hung (``EngineHung``); an
-        engine that died resets the connection, which fails ``work`` itself."""
-        task = asyncio.ensure_future(work)
-        try:
-            while True:
-                idle_s = get_settings().engine_read_timeout_s
-                done, _ = await asyncio.wait({task}, timeout=idle_s)
-                if done:
-                    return task.result()
-                try:
-                    async with await self._request(endpoint, "GET", LOAD_PATH,
-                                                   timeout=min(PROBE_TIMEOUT_S, idle_s)) as probe:
-                        if probe.status == 200:
-                            continue
-                except (TimeoutError, aiohttp.ClientError):
-                    pass
-                raise EngineHung(f"the engine sent nothing for {get_settings().engine_read_timeout_s:.0f}s "
-                                 "(HIVE_ENGINE_READ_TIMEOUT_S) and does not answer its load probe")
-        finally:
-            if not task.done():
-                task.cancel()
+        return await self.transport.load(i)
 
     def replica_views(self) -> list[ReplicaView]:
         return list(self.views.values())
@@ -252,9 +108,8 @@ class ReplicaSet:
         return ResponseStart(status=504, headers=[JSON]), bytes(openai_error(504, f"model '{self.model_id}': {e}").body)
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
-        view.healthy = False  # until the next load poll says otherwise
-        if not isinstance(e, EngineOverloaded):  # a full port is still the replica's port
-            self.endpoints[view.index] = None  # a restarted replica has a new port
+        mark_failed(view)
+        self.transport.failed(view.index, e)
         log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
                     request_ids.of_headers(req.headers), e)
         metrics.publisher().count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
@@ -274,7 +129,7 @@ class ReplicaSet:
         ``body`` is ``req.body`` as the caller already parsed it (None when it is not a JSON object).
         """
         self._touch()
-        await self._any_healthy()
+        await self._any_live()
         # no await from the queue check to the in-flight count (in _call_one): requests that
         # arrive together must see each other
         busy = self._busy()
@@ -299,11 +154,11 @@ class ReplicaSet:
         return plan_split(path, body, self.replica_views())
 
     def _attempts(self, prefer: int | None = None) -> Iterator[ReplicaView]:
-        """The replicas to try in turn: the preferred one if healthy, then the best not yet tried."""
+        """The replicas to try in turn: the preferred one if live, then the best not yet tried."""
         tried: set[int] = set()
         for _ in range(MAX_ATTEMPTS):
             view = self.views.get(prefer) if prefer is not None and not tried else None
-            if view is None or not view.healthy:
+            if view is None or not is_live(view):
                 view = choose_replica(self.replica_views(), exclude=tried)
             if view is None:
                 return
@@ -318,12 +173,8 @@ class ReplicaSet:
             self._attempted(attempt)
             view.in_flight += 1
             view.queued_tokens += tokens
-            endpoint = self.endpoints.get(view.index)
             try:
-                if endpoint is None:
-                    start, body = await self.handles[view.index].forward_unary.remote(req)
-                else:
-                    start, body = await self._while_alive(endpoint, self._unary_over_http(endpoint, req))
+                start, body = await self.transport.call(view.index, req)
                 self._answered(attempt)
                 return _served_by(start, view.index), body
             except EngineHung as e:  # it may still be generating: running it again elsewhere would run it twice
@@ -340,7 +191,7 @@ class ReplicaSet:
     async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """A streaming request: retried elsewhere only if the replica fails before its first item."""
         self._touch()
-        await self._any_healthy()
+        await self._any_live()
         busy = self._busy()  # and no await from here to the in-flight count
         if busy:
             yield busy[0]
@@ -353,16 +204,13 @@ class ReplicaSet:
             view.in_flight += 1
             view.queued_tokens += tokens
             queued = tokens  # released at the first body bytes: the prompt is past prefill
-            endpoint = self.endpoints.get(view.index)
             started = False
             try:
-                if endpoint is None:
-                    replies = _relay(self.streams[view.index].forward.remote(req))
-                else:
-                    replies = _reply_of(await self._post(endpoint, req))
+                replies = self.transport.stream(view.index, req)
                 async with contextlib.aclosing(replies):  # a client that leaves closes the engine's stream too
                     async for item in replies:
                         if not started:
+                            assert isinstance(item, ResponseStart)  # an engine reply starts with its headers
                             item, started = _served_by(item, view.index), True
                             self._answered(attempt)
                         elif queued:
@@ -380,23 +228,6 @@ class ReplicaSet:
         start, body = self._unavailable(last_error)
         yield start
         yield body
-
-
-def _start_of(resp: aiohttp.ClientResponse) -> ResponseStart:
-    return ResponseStart(status=resp.status, headers=list(resp.headers.items()))
-
-
-async def _relay(items: Any) -> AsyncGenerator[Any, None]:
-    async for item in items:
-        yield item
-
-
-async def _reply_of(resp: aiohttp.ClientResponse) -> AsyncGenerator[ResponseStart | bytes, None]:
-    """An engine's HTTP reply in the shape a Serve stream has: its start, then body chunks."""
-    async with resp:
-        yield _start_of(_checked(resp))
-        async for chunk in resp.content.iter_any():
-            yield chunk
 
 
 def _served_by(start: ResponseStart, index: int) -> ResponseStart:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from hive_apps.routing.liveness import is_live
 from hive_apps.routing.policy import ReplicaView
 
 COMPLETIONS = "/v1/completions"
@@ -87,7 +88,7 @@ def fanout_problem(path: str, body: dict[str, Any]) -> tuple[str, str] | None:
 def plan_split(path: str, body: dict[str, Any], views: list[ReplicaView]) -> Split | None:
     if body.get("stream") or body.get("seed") is not None or path not in (COMPLETIONS, CHAT):
         return None
-    roomy = [v for v in views if v.healthy and v.capacity - v.load > 0]
+    roomy = [v for v in views if is_live(v) and v.capacity - v.load > 0]
     if len(roomy) < 2:
         return None
     n = body.get("n") or 1

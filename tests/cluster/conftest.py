@@ -2,9 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT, start_hive, stop_hive
-
-SIM_MODEL = str(ROOT / "tests" / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
+from tests.harness import SIM_MODEL, start_hive, stop_hive
 
 # Node A: 2 x H100; node B: 2 x L4 + 1 x A10; the head is a CPU-only node.
 NODES = [

@@ -32,11 +32,6 @@ def test_pinned_tensor_parallel_group(clean):
     assert gpus["node-a:gpu0"]["replicas"] == gpus["node-a:gpu1"]["replicas"] == ["tp-pin/r0"]
 
 
-def test_tensor_parallel_group_must_share_a_node(clean):
-    r = clean.admin.post("/plan", json=spec("tp-bad", gpu=["node-a:gpu0", "node-b:gpu0"], replicas=1))
-    assert r.status_code == 422 and "node" in r.json()["error"]["message"]
-
-
 def test_auto_uses_the_smallest_tp_group_when_no_single_gpu_fits(clean):
     r = clean.admin.post("/plan", json=spec("big", model=BIG_MODEL, max_output_prompt_length=512))
     assert r.status_code == 200, r.text
@@ -75,17 +70,3 @@ def test_pins_to_the_same_gpu_co_locate_when_both_fit(clean):
     assert hive.deploy(**spec("co-a", gpu="node-b:gpu2", vllm_kwargs=small)).status_code == 200
     assert hive.deploy(**spec("co-b", gpu="node-b:gpu2", vllm_kwargs=small)).status_code == 200
     assert hive.gpus()["node-b:gpu2"]["replicas"] == ["co-a/r0", "co-b/r0"]
-
-
-def test_invalid_combinations_are_4xx(clean):
-    admin = clean.admin
-    cases = [
-        (spec("x", gpu=["node-a:gpu0", "node-b:gpu0"], replicas=3), 422, "replicas"),
-        (spec("x", gpu="node-a:gpu0", replicas=2), 422, "replicas"),
-        (spec("x", gpu="node-a:gpu7"), 404, "node-a:gpu7"),
-        (spec("x", engine="vllm", gpu="node-a:gpu0"), 422, "simulated"),
-        (spec("x", model=BIG_MODEL, gpu="node-b:gpu0"), 422, "GiB"),
-    ]
-    for body, status, needle in cases:
-        r = admin.post("/plan", json=body)
-        assert r.status_code == status and needle in r.json()["error"]["message"], (body, r.text)

@@ -1,57 +1,22 @@
 """The admin's HTTP shapes in-process (moved from the cluster tier): framework errors in the hive's
-error body, tokens and body sizes refused from the headers. The real admin app
-(its guard and routes) on the in-memory cluster, as ``test_monitor_tokens.py`` runs it."""
+error body, tokens and body sizes refused from the headers. The admin app built by
+``make_admin_app`` (its guard and routes) on the in-memory cluster (``test_admin_app.admin_on``)."""
 
 from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 
-from hive_apps import names
-from hive_apps.cluster import set_cluster
-from hive_apps.registry.deployment import Registry
-from hive_apps.settings import get_settings
 from tests.unit.fake_cluster import FakeCluster
-
-ADMIN = {"Authorization": "Bearer adm"}
+from tests.unit.test_admin_app import admin_on
 
 
 @pytest.fixture
-async def admin(monkeypatch):
+async def admin():
     """(a client of the admin app with the admin token, one without)."""
-    from hive_apps.admin import app as admin_app
-
-    monkeypatch.setenv("HIVE_ADMIN_TOKEN", "adm")
-    monkeypatch.delenv("HIVE_AUTH_DISABLED", raising=False)
-    get_settings.cache_clear()
-    cluster = FakeCluster({"node-a": "L4"})
-    set_cluster(cluster)
-    registry = Registry.__new__(Registry)
-    await registry.__init__(get_settings())
-    registry._loop_task.cancel()
-    cluster.serve(names.REGISTRY_APP, registry)
-
-    class Admin(admin_app.Admin.func_or_class):
-        def __del__(self):  # Serve's ingress wrapper shuts down a running app here; there is none
-            pass
-
-    instance = object.__new__(Admin)  # no loops started
-    instance.settings, instance.cluster = get_settings(), cluster
-    for route in admin_app.app.routes:  # Serve's ingress resolves ``self`` through a dependency
-        for dep in getattr(getattr(route, "dependant", None), "dependencies", []):
-            if dep.name == "self":
-                admin_app.app.dependency_overrides[dep.call] = lambda: instance
-    transport = httpx.ASGITransport(app=admin_app.app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://hive", headers=ADMIN) as c, \
-                httpx.AsyncClient(transport=transport, base_url="http://hive") as anonymous:
-            yield c, anonymous
-    finally:
-        admin_app.app.dependency_overrides.clear()
-        set_cluster(None)
-        get_settings.cache_clear()
+    async with admin_on(FakeCluster({"node-a": "L4"})) as a:
+        yield a.client, a.anonymous
 
 
 async def test_admin_framework_errors_and_unauthenticated_bodies(admin):

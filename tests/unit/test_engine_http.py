@@ -208,9 +208,9 @@ async def test_the_engine_port_listens_on_the_nodes_address_only():
 
 
 async def test_an_idle_replica_set_polls_rarely_and_at_once_when_a_request_comes(monkeypatch):
-    from hive_apps.routing import replica_set
+    from hive_apps.routing import liveness
 
-    monkeypatch.setattr(replica_set, "IDLE_AFTER_S", 0.3)
+    monkeypatch.setattr(liveness, "IDLE_AFTER_S", 0.3)
     e = await engine(sim_tokens_per_s=5000)
     rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
     polls = []
@@ -233,7 +233,7 @@ async def test_an_idle_replica_set_polls_rarely_and_at_once_when_a_request_comes
     await asyncio.sleep(0.1)
     assert len(polls) > before, "a request wakes the poller at once"
     woke = len(polls)
-    await asyncio.sleep(0.2 + replica_set.LOAD_POLL_S)
+    await asyncio.sleep(0.2 + liveness.LOAD_POLL_S)
     assert len(polls) > woke, "used recently: back to every 250 ms"
     rs.close()
     await asyncio.sleep(0)

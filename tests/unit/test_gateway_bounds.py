@@ -16,7 +16,7 @@ from hive_apps.cluster import set_cluster
 from hive_apps.gateway.ingress import make_gateway_app
 from hive_apps.registry.records import ModelRecord, ModelStatus
 from hive_apps.routing.follow import NewModelLookup
-from hive_apps.routing.hold import HoldRefused, WakeHold, client_of, client_slots
+from hive_apps.routing.hold import HoldRefused, WakeHold, client_of, client_slots, replica_slots
 from hive_apps.settings import HiveSettings
 from tests.unit.fake_cluster import FakeCluster
 from tests.unit.test_controller import Hive
@@ -159,3 +159,34 @@ async def test_through_the_gateway_one_key_cannot_fill_a_sleeping_models_hold(ga
     assert not other.done() and not any(t.done() for t in greedy)
     for task in (*greedy, other):
         task.cancel()
+
+
+def test_gateway_replicas_share_the_hold_bound():
+    assert [replica_slots(64, n) for n in (1, 2, 3)] == [64, 32, 22]
+    assert replica_slots(1, 2) == 1 and replica_slots(0, 2) == 0  # 0 = hold nothing, anywhere
+
+
+async def test_each_gateway_replica_holds_its_part_of_a_models_bound():
+    async def no_wake(model_id):
+        return None
+
+    hold = WakeHold(SETTINGS, no_wake, entry="gateway", replicas=2)  # SETTINGS: 4 per model, so 2 here
+    await hold.update({"m": record(ModelStatus.WAKING)})
+    held = [asyncio.create_task(hold.wait("m")) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(HoldRefused) as refused:
+        await hold.wait("m")
+    assert refused.value.response.status_code == 429 and refused.value.response.headers["retry-after"]
+    assert hold.held["m"] == 2
+    await hold.update({"m": record(ModelStatus.READY)})
+    await asyncio.gather(*held)
+
+
+def test_the_gateway_app_args_are_checked():
+    from hive_apps.gateway.app import GatewayArgs
+
+    assert GatewayArgs().replicas == 2
+    with pytest.raises(ValueError, match="replicas"):
+        GatewayArgs.model_validate({"replicas": 0})
+    with pytest.raises(ValueError, match="replica"):
+        GatewayArgs.model_validate({"replica": 3})  # a typo is refused, not ignored

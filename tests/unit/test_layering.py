@@ -34,10 +34,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # pure core: profiles, vLLM's memory model, placement and sizing (planning/deployment.py is its Serve shell)
     ("planning", ("planning",)),
     # pure state and rules: the registry's ledger, records and transitions, the lifecycle rules, and
-    # routing's rules (replica choice, prompt splitting, allowed paths and media URLs)
+    # routing's rules (which replicas are live, replica choice, prompt splitting, allowed paths and media URLs)
     ("rules", ("registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks",
                "lifecycle",
-               "routing.policy", "routing.split", "routing.paths", "routing.media")),
+               "routing.liveness", "routing.policy", "routing.split", "routing.paths", "routing.media")),
     # the seam to Ray / Serve, and the metrics every Ray process publishes
     ("seam", ("cluster", "metrics")),
     # serving: engine replicas, then the routers in front of them
@@ -51,7 +51,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # "Pure: no Ray"): unit tests and the planner's worker process run them without Ray.
 PURE = ("planning", "weights", "registry.devices", "registry.catalog", "registry.monitor", "registry.samples",
         "registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks", "lifecycle",
-        "routing.policy", "routing.split", "routing.paths", "routing.media", "engine.ports", "engine.protocol",
+        "routing.liveness", "routing.policy", "routing.split", "routing.paths", "routing.media", "engine.ports",
+        "engine.protocol",
         "spec", "settings", "vllm_args", "names")
 PURE_EXCEPT = ("planning.deployment",)  # the planner's Serve shell
 # The planner also runs where vLLM is not installed (planning/profile/vllm_registry.py)

@@ -1,23 +1,22 @@
 """Monitor tokens speak for one node, and a pushed sample must agree with what that node's own
-Ray monitor reports: the real admin app (its guard and routes) in front of a registry on the
-in-memory cluster, node-a with two NVML-read H100s, node-b with simulated L4s."""
+Ray monitor reports: the admin app (``make_admin_app``: its guard and routes) in front of a registry
+on the in-memory cluster, node-a with two NVML-read H100s, node-b with simulated L4s."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from hive_apps import names
 from hive_apps.auth import monitor_token_node, node_monitor_token
-from hive_apps.cluster import set_cluster
 from hive_apps.monitor import main as monitor_main
 from hive_apps.monitor import parser
 from hive_apps.registry.deployment import Registry
 from hive_apps.registry.devices import DeviceKind, NodeSample
 from hive_apps.registry.monitor import NODE_NAME_LABEL, SIM_GPUS_LABEL
 from hive_apps.registry.samples import node_problems
-from hive_apps.settings import HiveSettings, get_settings
+from hive_apps.settings import HiveSettings
 from tests.unit.fake_cluster import FakeCluster
+from tests.unit.test_admin_app import admin_on
 
 SECRET = "mon-secret"
 ADMIN = {"Authorization": "Bearer adm"}
@@ -47,38 +46,11 @@ class NvmlCluster(FakeCluster):
 
 
 @pytest.fixture
-async def hive(monkeypatch):
-    """(an HTTP client of the admin app, the registry behind it)."""
-    from hive_apps.admin import app as admin_app
-
-    monkeypatch.setenv("HIVE_ADMIN_TOKEN", "adm")
-    monkeypatch.setenv("HIVE_MONITOR_TOKEN", SECRET)
-    monkeypatch.delenv("HIVE_AUTH_DISABLED", raising=False)
-    get_settings.cache_clear()
-    cluster = NvmlCluster({"node-a": "H100-80GB.H100-80GB", "node-b": "L4.L4"})
-    set_cluster(cluster)
-    registry = Registry.__new__(Registry)
-    await registry.__init__(get_settings())
-    registry._loop_task.cancel()
-    cluster.serve(names.REGISTRY_APP, registry)
-    await registry.sample_once()
-    class Admin(admin_app.Admin.func_or_class):
-        def __del__(self):  # Serve's ingress wrapper shuts down a running app here; there is none
-            pass
-
-    admin = object.__new__(Admin)  # no loops started: only what these routes use
-    admin.settings, admin.cluster = get_settings(), cluster
-    for route in admin_app.app.routes:  # Serve's ingress resolves ``self`` through a dependency
-        for dep in getattr(getattr(route, "dependant", None), "dependencies", []):
-            if dep.name == "self":
-                admin_app.app.dependency_overrides[dep.call] = lambda: admin
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app.app), base_url="http://hive") as c:
-            yield c, registry
-    finally:
-        admin_app.app.dependency_overrides.clear()
-        set_cluster(None)
-        get_settings.cache_clear()
+async def hive():
+    """(an HTTP client of the admin app, without a token, the registry behind it)."""
+    settings = HiveSettings(admin_token="adm", monitor_token=SECRET, auth_disabled=False)
+    async with admin_on(NvmlCluster({"node-a": "H100-80GB.H100-80GB", "node-b": "L4.L4"}), settings) as admin:
+        yield admin.anonymous, admin.registry
 
 
 def own_sample(registry: Registry, node: str) -> dict:
