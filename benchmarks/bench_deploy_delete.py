@@ -1,5 +1,5 @@
 """How long the admin's deploys and deletes take, with the hive started as the quickstart starts it
-(Serve's HAProxy ingress when installed, ``hive_apps/serve_env.py``'s settings).
+(Serve's HAProxy ingress when installed, ``hive_apps/ops/serve_env.py``'s settings).
 
     python benchmarks/bench_deploy_delete.py               # ~2.5 min on 2 cores
     python benchmarks/bench_deploy_delete.py --rounds 10

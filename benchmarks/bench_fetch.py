@@ -8,7 +8,7 @@
    serves a multi-file model (``--files`` safetensors files of ``--file-mib`` MiB, plus its config).
    Each round downloads all of it into an empty cache twice, in turn: with ``hf download`` (the
    huggingface_hub CLI a user runs, ``--max-workers 8``) and with the hive's fetch
-   (``hive_apps.weights``: list the source, then a node's ``WeightFetcher`` downloads, verifies each
+   (``hive_apps.core.weights``: list the source, then a node's ``WeightFetcher`` downloads, verifies each
    file's sha256 and moves it into place), each in its own process started the same way. The order
    alternates between rounds. Reported: MiB/s of each (median over rounds) and the ratio.
 2. Deploy of a cached model. The hive as the quickstart starts it (``ray start``, ``serve deploy``),
@@ -49,10 +49,10 @@ MiB = 2**20
 HIVE_FETCH = """
 import sys, time
 from pathlib import Path
-from hive_apps.weights.fetcher import WeightFetcher
-from hive_apps.weights.listing import list_source
-from hive_apps.weights.source import parse_source
-from hive_apps.weights.types import FetchState
+from hive_apps.core.weights.fetcher import WeightFetcher
+from hive_apps.core.weights.listing import list_source
+from hive_apps.core.weights.source import parse_source
+from hive_apps.core.weights.types import FetchState
 manifest = list_source(parse_source(sys.argv[1]))
 fetcher = WeightFetcher(Path(sys.argv[2]), "bench", workers=int(sys.argv[3]))
 fetcher.ensure(manifest)

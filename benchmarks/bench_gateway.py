@@ -79,7 +79,7 @@ async def http_path(url: str, body: dict, n: int, conc: int, seconds: float) -> 
 async def handle_path(app: str, body: dict, n: int, conc: int, seconds: float) -> Result:
     from ray import serve
 
-    from hive_apps.engine.protocol import ForwardedRequest
+    from hive_apps.serving.engine.protocol import ForwardedRequest
 
     h = serve.get_deployment_handle("engine-direct", app_name=app)
     stream_h = h.options(stream=True)
@@ -102,9 +102,9 @@ def direct_engine_app(spec: dict, plan_json: dict, sim: bool):
     from ray import serve
     from starlette.requests import Request
 
-    from hive_apps.admin.model_app import engine_class, replica_actor_options
-    from hive_apps.planning.types import Plan
-    from hive_apps.routing.http import read_forwarded, to_response
+    from hive_apps.control.admin.model_app import engine_class, replica_actor_options
+    from hive_apps.core.planning.types import Plan
+    from hive_apps.serving.routing.http import read_forwarded, to_response
 
     rp = Plan.model_validate(plan_json).replicas[0]
     base = engine_class("sim" if sim else "vllm")

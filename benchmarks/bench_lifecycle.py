@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_lifecycle.py [--seconds 7200] [--seed 1] [--rates 0.01,0.05,0.25,1]
 
 A discrete-event simulation, pure Python (no Ray, no vLLM; seconds to run). "Ray Hive" is
-driven by the product's rules in ``hive_apps/lifecycle.py`` (``update_activity``,
+driven by the product's rules in ``hive_apps/core/lifecycle.py`` (``update_activity``,
 ``idle_since``, ``sleep_due``, ``cold_start_s``, ``Candidate``, ``eviction_order``,
 ``protection_ends``, ``choose_victims``): this measures the product's policy, not a copy.
 
@@ -66,7 +66,9 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hive_apps.lifecycle import (  # noqa: E402
+from hive_apps.core.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.core.lifecycle import (  # noqa: E402
     Activity,
     Candidate,
     choose_victims,
@@ -78,13 +80,11 @@ from hive_apps.lifecycle import (  # noqa: E402
     update_activity,
     wake_s,
 )
-from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.profile import load_profile  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
-from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
-from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
-from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
-from hive_apps.spec import ModelSpec  # noqa: E402
+from hive_apps.core.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.core.planning.profile import load_profile  # noqa: E402
+from hive_apps.core.planning.throughput import Throughput, device_perf  # noqa: E402
+from hive_apps.core.planning.types import DeviceCapacity, PlanningError  # noqa: E402
+from hive_apps.core.spec import ModelSpec  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
 BUDGET = 0.90
@@ -131,7 +131,7 @@ WARMUP_S = 1.0  # assumed: the one-token warm-up and answer check before held re
 
 
 def gpu_cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
-    """The hive's cold-start model (``hive_apps/lifecycle.py`` ``cold_start_s``, derived there from
+    """The hive's cold-start model (``hive_apps/core/lifecycle.py`` ``cold_start_s``, derived there from
     vLLM's published figures) for a GPU of this catalog kind."""
     return cold_start_s(weight_bytes, tp, GPU_CATALOG[gpu_key].compute_capability)
 

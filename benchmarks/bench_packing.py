@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_packing.py [--write-results benchmarks/RESULTS_packing.md]
 
 Pure Python, no Ray, no vLLM engine: the planner (``plan_deployment``) and the memory model
-(``hive_apps.planning.memory``) on simulated devices, real model configs from
+(``hive_apps.core.planning.memory``) on simulated devices, real model configs from
 ``tests/fixtures/model_configs``.
 
 Cluster (issue 4): node A 2 x H100-80GB; node B 2 x L4 + 1 x A10; node C CPU only, 64 GiB
@@ -19,7 +19,7 @@ Strategies (each also run with the catalog sorted by weight size, largest first)
 hive, catalog as one batch
     The catalog submitted at once: each model is planned with ``plan_deployment(...,
     pending=<the models after it>)``, as a registry holding them as pending deploys would,
-    so it is planned jointly with them (``hive_apps/planning/packing.py``). After each plan
+    so it is planned jointly with them (``hive_apps/core/planning/packing.py``). After each plan
     its ``reservation_bytes`` is taken from the devices' available and free bytes and the
     replica is added to ``hive_replicas``. Concurrency is the planned ``max_num_seqs``.
 hive, one at a time
@@ -70,15 +70,15 @@ sys.path.insert(0, ROOT)
 # The best-fit policy below is a user code hook: this script, as the operator, allows its own module.
 os.environ.setdefault("HIVE_HOOK_PACKAGES", "__main__")
 
-from hive_apps.planning import memory as mem  # noqa: E402
-from hive_apps.planning.placement import capacity  # noqa: E402
-from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.profile import ModelProfile, load_profile  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
-from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
-from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
-from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
-from hive_apps.spec import ModelSpec  # noqa: E402
+from hive_apps.core.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.core.planning import memory as mem  # noqa: E402
+from hive_apps.core.planning.placement import capacity  # noqa: E402
+from hive_apps.core.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.core.planning.profile import ModelProfile, load_profile  # noqa: E402
+from hive_apps.core.planning.throughput import Throughput, device_perf  # noqa: E402
+from hive_apps.core.planning.types import DeviceCapacity, PlanningError  # noqa: E402
+from hive_apps.core.spec import ModelSpec  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
 BUDGET = 0.90
@@ -339,7 +339,7 @@ def findings(outcomes: list[Outcome], n: int) -> list[str]:
         f"{big.seqs} sequences), and later models get the leftovers or the CPU node"
         + (f"; {', '.join(m for m, _ in single.skipped)} finds no GPU in catalog order" if single.skipped else "")
         + ".",
-        "* As one batch (each deploy planned with the rest of the catalog pending, `hive_apps/planning/packing.py`), "
+        "* As one batch (each deploy planned with the rest of the catalog pending, `hive_apps/core/planning/packing.py`), "
         f"every deploy is planned jointly with those still to come: {sum(not e.on_cpu for e in batch.engines)} of {n} "
         "land on GPUs. The price is paid by the big dense models: the joint plan gives an H100 to the 30B MoE (the "
         "only card that holds it) and to the small models that turn its bandwidth into the most tokens/s, and puts "

@@ -17,12 +17,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.profile import load_profile  # noqa: E402
-from hive_apps.planning.types import DeviceCapacity, PlanningError  # noqa: E402
-from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
-from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
-from hive_apps.spec import ModelSpec  # noqa: E402
+from hive_apps.core.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.core.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.core.planning.profile import load_profile  # noqa: E402
+from hive_apps.core.planning.types import DeviceCapacity, PlanningError  # noqa: E402
+from hive_apps.core.spec import ModelSpec  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
 BUDGET = 0.90

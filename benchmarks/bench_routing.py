@@ -5,7 +5,7 @@
 
 No Ray cluster: the replicas are in-process ``SimEngine`` objects (built the way the unit tests
 build them, without the start lock) in one asyncio loop, and each policy runs in a small router
-that mirrors ``routing/router.py``: it counts its own requests in flight per replica and refreshes
+that mirrors ``serving/routing/router.py``: it counts its own requests in flight per replica and refreshes
 every replica's ``load()`` (running, waiting) every 250 ms into a ``ReplicaView``.
 
 Clock: by default the loop runs on simulated time (``VirtualClockLoop``): every delay in the
@@ -43,7 +43,7 @@ the cell waits exactly that end-to-end bound, then cancels what is left, so a la
 that lands on an unfinished request is shown as ">x" (it had waited x seconds and was still going).
 
 Policies:
-  least-loaded  hive_apps.routing.policy.choose_replica, imported (load / max_num_seqs);
+  least-loaded  hive_apps.serving.routing.policy.choose_replica, imported (load / max_num_seqs);
   round-robin   replicas in turn, ignoring load;
   p2c-raw       two distinct replicas at random, the one with the lower raw load (ReplicaView.load,
                 the same signal least-loaded uses, not divided by capacity; ties random), like
@@ -66,11 +66,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hive_apps.engine.protocol import ForwardedRequest, ResponseStart  # noqa: E402
-from hive_apps.engine.sim_engine import SimEngine  # noqa: E402
-from hive_apps.registry.catalog import GPU_CATALOG  # noqa: E402
-from hive_apps.routing.liveness import LOAD_POLL_S  # noqa: E402
-from hive_apps.routing.policy import ReplicaView, choose_replica  # noqa: E402
+from hive_apps.core.catalog import GPU_CATALOG  # noqa: E402
+from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart  # noqa: E402
+from hive_apps.serving.engine.sim_engine import SimEngine  # noqa: E402
+from hive_apps.serving.routing.liveness import LOAD_POLL_S  # noqa: E402
+from hive_apps.serving.routing.policy import ReplicaView, choose_replica  # noqa: E402
 from tests.unit.helpers import replica_plan  # noqa: E402
 
 MODEL = "bench-model"
@@ -170,11 +170,11 @@ async def build_engines(fleet: list[GpuClass]) -> list[SimEngine]:
 
 
 class BenchRouter:
-    """What routing/router.py keeps per model, with a pluggable choice."""
+    """What serving/routing/router.py keeps per model, with a pluggable choice."""
 
     def __init__(self, policy: str, engines: list[SimEngine], seed: int):
         self.policy, self.engines = policy, engines
-        self.views = [ReplicaView.of_plan(e.replica) for e in engines]  # as routing/router.py builds them
+        self.views = [ReplicaView.of_plan(e.replica) for e in engines]  # as serving/routing/router.py builds them
         self.rng = random.Random(seed)
         self.next = 0
 
@@ -426,7 +426,7 @@ One model on four in-process SimEngine replicas, no Ray, on {clock}: {fleet_desc
 memory and bandwidth with a memory-bound decode model (docstring of `benchmarks/bench_routing.py`); capacity {capacity:.1f} req/s.
 Poisson arrivals (fixed seed, identical for every policy) of streaming chat requests ({PROMPT_TOKENS} prompt, {args.output_tokens} output tokens)
 for {args.seconds:g} s after a {args.warmup:g} s warm-up. Each router counts its own in-flight requests and polls the engines' running/waiting
-every 250 ms as `routing/router.py` does; least-loaded is `choose_replica`, p2c-raw compares the same load without dividing by max_num_seqs.
+every 250 ms as `serving/routing/router.py` does; least-loaded is `choose_replica`, p2c-raw compares the same load without dividing by max_num_seqs.
 Goodput: TTFT < {TTFT_SLO_S:g} s and end-to-end < {e2e_bound:.1f} s (1 s + the slowest class's full-batch service time); ">x" = percentile fell on a request
 still unfinished x s after arrival (cut off); offered is the Poisson rate, arrived what the seed drew. Round robin and p2c-raw overload the small replicas, so their latencies grow with the window.
 

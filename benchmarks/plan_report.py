@@ -22,16 +22,16 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hive_apps.planning import memory as mem  # noqa: E402
-from hive_apps.planning.memory import human_bytes  # noqa: E402
-from hive_apps.planning.planner import plan_deployment  # noqa: E402
-from hive_apps.planning.profile import load_profile  # noqa: E402
-from hive_apps.planning.report import render_plan_table  # noqa: E402
-from hive_apps.planning.throughput import Throughput, device_perf  # noqa: E402
-from hive_apps.planning.types import DeviceCapacity  # noqa: E402
-from hive_apps.registry.catalog import GIB, GPU_CATALOG  # noqa: E402
-from hive_apps.registry.devices import Device, DeviceKind  # noqa: E402
-from hive_apps.spec import ModelSpec  # noqa: E402
+from hive_apps.core.catalog import GIB, GPU_CATALOG  # noqa: E402
+from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
+from hive_apps.core.planning import memory as mem  # noqa: E402
+from hive_apps.core.planning.memory import human_bytes  # noqa: E402
+from hive_apps.core.planning.planner import plan_deployment  # noqa: E402
+from hive_apps.core.planning.profile import load_profile  # noqa: E402
+from hive_apps.core.planning.report import render_plan_table  # noqa: E402
+from hive_apps.core.planning.throughput import Throughput, device_perf  # noqa: E402
+from hive_apps.core.planning.types import DeviceCapacity  # noqa: E402
+from hive_apps.core.spec import ModelSpec  # noqa: E402
 
 MODEL = os.path.join(ROOT, "tests", "fixtures", "model_configs", "Qwen__Qwen3-0.6B-FP8")
 CARDS = ["L4", "A10", "H100-80GB"]

@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash examples/install.sh
 . .venv/bin/activate
-exec python -m hive_apps.quickstart "$@"
+exec python -m hive_apps.ops.quickstart "$@"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from hive_apps.serve_env import SERVE_ENV
+from hive_apps.ops.serve_env import SERVE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "test-admin-token"
@@ -89,9 +89,9 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "HIVE_MONITOR_TOKEN": MONITOR_TOKEN,
         "HIVE_MONITOR_INTERVAL_S": "0.5",
         "HIVE_DEPLOY_TIMEOUT_S": "600",
-        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.request_ids.proxy_middlewares",
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hive_apps.serving.request_ids.proxy_middlewares",
         "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
-        **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/serve_env.py)
+        **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/ops/serve_env.py)
         "HIVE_WEIGHTS_CACHE": tempfile.mkdtemp(prefix="hive-weights-"),  # never the user's own cache
         **(env or {}),
     })

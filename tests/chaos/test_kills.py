@@ -9,7 +9,7 @@ killed (``ray.kill``, as a node loss does). Every request must end 200, or a 429
 * the registry, the admin and the planner are on no request's path: the gateway and routers serve
   from what they last read;
 * the gateway runs two replicas: HAProxy retries a request the killed one closed unanswered on the
-  other (``hive_apps/serve_env.py``);
+  other (``hive_apps/ops/serve_env.py``);
 * a model's router (one replica) is on ``/<model_id>/v1``'s path: HAProxy retries what it closed
   unanswered on the head's Serve proxy, which queues it until Serve has restarted the router.
 

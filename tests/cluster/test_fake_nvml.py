@@ -3,8 +3,8 @@
 Its own small cluster (a CPU head and one "GPU" node): the node's raylet gets
 ``tests/fixtures/fake_nvml`` first on its PYTHONPATH, so every process there, the hive's
 NodeMonitor included, imports the fake ``pynvml`` (2 x H100 SXM + L4). The product code is
-unchanged: this is the NVML branch of ``registry/monitor.py`` and the GPU pin branch of
-``admin/model_app.py`` as they run on a real GPU node. Engines are the sim engine (it
+unchanged: this is the NVML branch of ``control/registry/monitor.py`` and the GPU pin branch of
+``control/admin/model_app.py`` as they run on a real GPU node. Engines are the sim engine (it
 reports the CUDA_VISIBLE_DEVICES it was started with).
 
 This module must run before any module that uses the package's ``hive`` fixture (one Ray

@@ -1,5 +1,5 @@
 """What reaches the hive from outside: errors in the hive's shapes, only OpenAI routes
-forwarded to engines, tokens checked before bodies are read (forged samples: tests/unit/test_admin_app.py)."""
+forwarded to engines, tokens checked before bodies are read (forged samples: tests/unit/control/test_admin_app.py)."""
 
 
 import pytest

@@ -35,7 +35,7 @@ def wait_for(check, timeout: float, what: str):
 
 
 def test_monitor_agent_process_pushes_with_its_nodes_token(clean, tmp_path):
-    """`python -m hive_apps.monitor` (the DaemonSet's command) with a token file, as the DaemonSet
+    """`python -m hive_apps.ops.monitor` (the DaemonSet's command) with a token file, as the DaemonSet
     runs it: node-a's token, issued by POST /admin/monitor-tokens, reports node-a (its view wins,
     /admin/nodes says "agent") and the in-Ray monitor takes node-a back when the agent stops. NVML
     GPUs that node-a's Ray monitor does not see are refused (422), node-b's token cannot report
@@ -51,7 +51,7 @@ def test_monitor_agent_process_pushes_with_its_nodes_token(clean, tmp_path):
     env = {**os.environ, "FAKE_PYNVML_GPUS": str(readings),
            "PYTHONPATH": os.pathsep.join([str(FAKE_PYNVML), str(ROOT)])}
     env.pop("HIVE_MONITOR_TOKEN", None)
-    base = [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token-file", str(token),
+    base = [sys.executable, "-m", "hive_apps.ops.monitor", "--registry-url", hive.url, "--token-file", str(token),
             "--node-name", "node-a"]
 
     def once(*args: str) -> subprocess.CompletedProcess:

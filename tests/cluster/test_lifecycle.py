@@ -117,7 +117,7 @@ def test_hold_queue_is_bounded(clean):
     async def crowd(key: str, n: int):
         async with httpx.AsyncClient(timeout=60) as client:
             # the model's own route: its one router holds all of HIVE_HOLD_MAX_PER_MODEL (the gateway's
-            # replicas share it, each holding its part: tests/unit/test_gateway_bounds.py)
+            # replicas share it, each holding its part: tests/unit/serving/test_gateway_bounds.py)
             return await asyncio.gather(*(client.post(f"{hive.url}/crowd/v1/chat/completions", json=chat("crowd"),
                                                       headers={"Authorization": f"Bearer {key}"}) for _ in range(n)))
 

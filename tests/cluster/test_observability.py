@@ -81,7 +81,7 @@ def scrape(hive) -> str:
 
 
 def test_metrics_reach_prometheus_with_the_dashboards_names(clean):
-    from hive_apps import metrics
+    from hive_apps.ops import metrics
 
     hive = clean
     r = hive.deploy(model_id="measured", model=SIM_MODEL, engine="sim", gpu="node-b:gpu0",

@@ -161,7 +161,7 @@ def test_standalone_agent_pushes_over_http(clean):
     from tests.harness import ADMIN_TOKEN, MONITOR_TOKEN
 
     hive = clean
-    issued = subprocess.run([sys.executable, "-m", "hive_apps.monitor", "issue-token", "--node-name", "node-b"],
+    issued = subprocess.run([sys.executable, "-m", "hive_apps.ops.monitor", "issue-token", "--node-name", "node-b"],
                             env={**os.environ, "HIVE_MONITOR_TOKEN": MONITOR_TOKEN}, capture_output=True, text=True,
                             timeout=60)
     assert issued.returncode == 0, issued.stderr
@@ -169,7 +169,7 @@ def test_standalone_agent_pushes_over_http(clean):
     env = {k: v for k, v in os.environ.items() if k != "HIVE_MONITOR_TOKEN"}
 
     def agent_cmd(node: str, sim_gpus: str, secret: str = token) -> list[str]:
-        return [sys.executable, "-m", "hive_apps.monitor", "--registry-url", hive.url, "--token", secret,
+        return [sys.executable, "-m", "hive_apps.ops.monitor", "--registry-url", hive.url, "--token", secret,
                 "--node-name", node, "--sim-gpus", sim_gpus]
 
     def run_once(*cmd: str) -> subprocess.CompletedProcess:

@@ -60,7 +60,7 @@ def hive(fake_hub, tiny_repo_sha):
 
 # A random model loops on whitespace inside JSON unless the grammar forbids it. No parser is named:
 # the hive picks hermes and auto tool choice from the model's Qwen2 family and <tool_call> template
-# (planning/parsers.py), so every tool test on this deploy shows that choice working.
+# (core/planning/parsers.py), so every tool test on this deploy shows that choice working.
 TINY_KWARGS = {
     "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
 }

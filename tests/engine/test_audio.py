@@ -103,7 +103,7 @@ def test_more_clips_than_the_limit_and_undecodable_audio_are_400s(hive, listener
 
 def test_a_clip_at_another_sample_rate_is_resampled(hive, listener):
     """44.1 kHz, a common recording rate: resampled to the model's 16 kHz (soxr where torchaudio is missing,
-    hive_apps/engine/vllm_audio.py), so it costs what the same half second at 16 kHz costs."""
+    hive_apps/serving/engine/vllm_audio.py), so it costs what the same half second at 16 kHz costs."""
     client = openai_clients(hive, "listener")[0]
     assert prompt_tokens(client, input_audio(wav(440, rate=44100))) == prompt_tokens(client, input_audio(A440))
 

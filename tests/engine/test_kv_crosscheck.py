@@ -63,7 +63,7 @@ runs on both of vLLM's x86 CPU paths (AMX, and AVX-512 without AMX) by patching 
 checks, whatever this host has (``CPU_PATHS``).
 
 Run ``python tests/engine/test_kv_crosscheck.py`` to print the table of KV bytes per token,
-project vs vLLM, for every fixture; ``--registry`` rewrites hive_apps/planning/profile/vllm_registry.py
+project vs vLLM, for every fixture; ``--registry`` rewrites hive_apps/core/planning/profile/vllm_registry.py
 from the installed vLLM.
 """
 
@@ -664,11 +664,11 @@ def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build, cpu_path):
 
 
 def test_registry_snapshot_is_vllms():
-    """hive_apps/planning/profile/vllm_registry.py is vLLM 0.32's registry (run this file with --registry
+    """hive_apps/core/planning/profile/vllm_registry.py is vLLM 0.32's registry (run this file with --registry
     to regenerate it after a vLLM upgrade)."""
     from vllm.model_executor.models.registry import _OOT_SUPPORTED_MODELS, _PREVIOUSLY_SUPPORTED_MODELS, ModelRegistry
 
-    from hive_apps.planning.profile import vllm_registry
+    from hive_apps.core.planning.profile import vllm_registry
 
     assert set(ModelRegistry.get_supported_archs()) == vllm_registry.SUPPORTED_ARCHITECTURES
     assert _PREVIOUSLY_SUPPORTED_MODELS == vllm_registry.PREVIOUSLY_SUPPORTED
@@ -678,7 +678,7 @@ def test_registry_snapshot_is_vllms():
 def test_dropped_architecture_is_refused_by_vllm_and_the_planner():
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from hive_apps.planning.types import PlanningError
+    from hive_apps.core.planning.types import PlanningError
 
     with pytest.raises(ValueError, match="supported in vLLM until v0.10.2"):
         ModelRegistry._raise_for_unsupported(["MllamaForConditionalGeneration"])
@@ -692,8 +692,8 @@ def test_mla_model_types_and_quantization_methods_are_vllms():
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
     from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
 
-    from hive_apps.planning.profile.families import VLLM_MLA_MODEL_TYPES
-    from hive_apps.planning.profile.model import VLLM_QUANTIZATION_METHODS
+    from hive_apps.core.planning.profile.families import VLLM_MLA_MODEL_TYPES
+    from hive_apps.core.planning.profile.model import VLLM_QUANTIZATION_METHODS
 
     for model_type in VLLM_MLA_MODEL_TYPES | {"minicpm3", "llama", "qwen3", "sarvam_mla", "deepseek"}:
         text = SimpleNamespace(model_type=model_type, kv_lora_rank=128)
@@ -732,11 +732,11 @@ def kv_table() -> str:
 
 
 def write_registry() -> str:
-    """hive_apps/planning/profile/vllm_registry.py from the installed vLLM's registry."""
+    """hive_apps/core/planning/profile/vllm_registry.py from the installed vLLM's registry."""
     import vllm
     from vllm.model_executor.models.registry import _OOT_SUPPORTED_MODELS, _PREVIOUSLY_SUPPORTED_MODELS, ModelRegistry
 
-    from hive_apps.planning.profile import vllm_registry
+    from hive_apps.core.planning.profile import vllm_registry
 
     path = vllm_registry.__file__
     with open(path) as f:

@@ -1,6 +1,6 @@
 """The hive passes vLLM's answer through unchanged: ``/v1`` and the engine itself give the same tokens.
 
-The engine "itself" is the replica's own port (``engine/http_server.py``), reached the way the
+The engine "itself" is the replica's own port (``serving/engine/http_server.py``), reached the way the
 router and the gateway reach it: the address and token from ``endpoint()`` on the replica's
 Serve handle. Greedy decoding, so both requests must produce the same token ids. Not a speed
 check: speed lives in ``benchmarks/bench_vs_vllm.py``.
@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from hive_apps.engine.http_server import TOKEN_HEADER
+from hive_apps.serving.engine.http_server import TOKEN_HEADER
 from tests.harness import API_KEY
 
 pytestmark = pytest.mark.engine

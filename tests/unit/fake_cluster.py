@@ -1,4 +1,4 @@
-"""An in-memory ``Cluster`` (hive_apps/cluster.py) for running the registry and the admin's
+"""An in-memory ``Cluster`` (hive_apps/control/cluster.py) for running the registry and the admin's
 reconciler without Ray: nodes with simulated GPUs that can die, Serve apps whose engine
 deployments start, fail or hang as a test says, handles that call objects in this process
 (arguments and results copied as Ray would), and an internal KV that outlives a "restarted"
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hive_apps import names
-from hive_apps.cluster import AppBuilder, AppState, NodeInfo
-from hive_apps.engine.protocol import EngineLoad
-from hive_apps.planning.deployment import plan_or_error
-from hive_apps.planning.types import Plan
-from hive_apps.registry.devices import NodeSample
-from hive_apps.registry.monitor import NODE_NAME_LABEL, simulated_gpus
+from hive_apps.control.cluster import AppBuilder, AppState, NodeInfo
+from hive_apps.control.planner import plan_or_error
+from hive_apps.control.registry.monitor import NODE_NAME_LABEL, simulated_gpus
+from hive_apps.core import names
+from hive_apps.core.devices import NodeSample
+from hive_apps.core.planning.types import Plan
+from hive_apps.serving.engine.protocol import EngineLoad
 
 HEALTHY, UPDATING, FAILED = "HEALTHY", "UPDATING", "DEPLOY_FAILED"
 
@@ -198,7 +198,7 @@ class FakeCluster:
 
     def fetcher_call(self, node_id: str, method: str, *args: Any) -> Any:
         """Each node's own fetcher over its own cache folder (nothing shared between nodes)."""
-        from hive_apps.weights.fetcher import WeightFetcher
+        from hive_apps.core.weights.fetcher import WeightFetcher
 
         if not self.node_infos[node_id].alive:
             raise RuntimeError(f"node {node_id} is dead")

@@ -63,7 +63,7 @@ def unknown_ada() -> FakeCard:
 
 
 class FakeNvml:
-    """Module-shaped: the functions and constants of ``pynvml`` that ``registry/monitor.py`` uses."""
+    """Module-shaped: the functions and constants of ``pynvml`` that ``control/registry/monitor.py`` uses."""
 
     NVMLError = NVMLError
     NVML_CLOCK_SM = 1

@@ -1,7 +1,7 @@
 """Small builders shared by the unit tests."""
 
-from hive_apps.planning.types import EngineSettings, MemoryBreakdown, ReplicaPlan
-from hive_apps.registry.devices import DeviceKind
+from hive_apps.core.devices import DeviceKind
+from hive_apps.core.planning.types import EngineSettings, MemoryBreakdown, ReplicaPlan
 
 
 def replica_plan(max_num_seqs: int = 4, max_model_len: int = 512, **engine_kwargs) -> ReplicaPlan:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hive_apps.planning.types import DeviceCapacity
-from hive_apps.registry.catalog import GIB, lookup
-from hive_apps.registry.devices import Device, DeviceKind
+from hive_apps.core.catalog import GIB, lookup
+from hive_apps.core.devices import Device, DeviceKind
+from hive_apps.core.planning.types import DeviceCapacity
 
 BUDGET = 0.90  # what a registry typically lets the hive fill
 
@@ -52,7 +52,7 @@ def fixture_path(name: str) -> str:
 
 @functools.cache
 def _cached_profile(name: str, frozen_kwargs: tuple):
-    from hive_apps.planning.profile import load_profile
+    from hive_apps.core.planning.profile import load_profile
 
     return load_profile(fixture_path(name), dict(frozen_kwargs))
 

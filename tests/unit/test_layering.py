@@ -25,38 +25,38 @@ PACKAGE = "hive_apps"
 # every module must belong to one. Names are relative to ``hive_apps``.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # weights: sources, manifests, caches and their fetch; imports nothing else of the hive
-    ("weights", ("weights",)),
+    ("weights", ("core.weights",)),
     # the vocabulary every app shares: names, settings, the deploy spec, the engine's wire contract
-    ("shared", ("", "names", "settings", "auth", "openai_errors", "request_ids", "serve_env", "vllm_args", "spec",
-                "models", "engine.ports", "engine.protocol")),
+    ("shared", ("", "core", "core.names", "core.settings", "core.auth", "core.openai_errors", "serving.request_ids",
+                "ops.serve_env", "core.vllm_args", "core.spec", "core.ports", "models", "serving.engine.protocol")),
     # what a node has: device samples and the GPU catalog (read by planning, the seam, the registry)
-    ("devices", ("registry.devices", "registry.catalog", "registry.monitor", "registry.samples")),
-    # pure core: profiles, vLLM's memory model, placement and sizing (planning/deployment.py is its Serve shell)
-    ("planning", ("planning",)),
+    ("devices", ("core.devices", "core.catalog", "control.registry.monitor", "control.registry.samples")),
+    # pure core: profiles, vLLM's memory model, placement and sizing (control/planner.py is its Serve shell)
+    ("planning", ("core.planning",)),
     # pure state and rules: the registry's ledger, records and transitions, the lifecycle rules, and
     # routing's rules (which replicas are live, replica choice, prompt splitting, allowed paths and media URLs)
-    ("rules", ("registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks",
-               "lifecycle",
-               "routing.liveness", "routing.policy", "routing.split", "routing.paths", "routing.media")),
+    ("rules", ("core.state", "core.lifecycle",
+               "serving.routing.liveness", "serving.routing.policy", "serving.routing.split", "serving.routing.paths",
+               "serving.routing.media")),
     # the seam to Ray / Serve, and the metrics every Ray process publishes
-    ("seam", ("cluster", "metrics")),
+    ("seam", ("control.cluster", "ops.metrics")),
     # serving: engine replicas, then the routers in front of them
-    ("engine", ("engine",)),
-    ("routing", ("routing",)),
+    ("engine", ("serving.engine",)),
+    ("routing", ("serving.routing",)),
     # the Serve applications and processes: each composes the layers below
-    ("apps", ("admin", "gateway", "registry", "planning.deployment", "monitor", "quickstart")),
+    ("apps", ("control", "ops", "serving", "control.admin", "serving.gateway", "control.registry", "control.planner",
+              "ops.monitor", "ops.quickstart")),
 ]
 
 # Modules that must not reach Ray, directly or through anything they import (their docstrings say
-# "Pure: no Ray"): unit tests and the planner's worker process run them without Ray.
-PURE = ("planning", "weights", "registry.devices", "registry.catalog", "registry.monitor", "registry.samples",
-        "registry.records", "registry.ledger", "registry.control", "registry.transitions", "registry.locks", "lifecycle",
-        "routing.liveness", "routing.policy", "routing.split", "routing.paths", "routing.media", "engine.ports",
-        "engine.protocol",
-        "spec", "settings", "vllm_args", "names")
-PURE_EXCEPT = ("planning.deployment",)  # the planner's Serve shell
-# The planner also runs where vLLM is not installed (planning/profile/vllm_registry.py)
-FORBIDDEN = {"ray": PURE, "vllm": ("planning",), "torch": ("planning",)}
+# "Pure: no Ray"): unit tests and the planner's worker process run them without Ray. Every module of
+# ``core`` is pure: the folder says so.
+PURE = ("core", "control.registry.monitor", "control.registry.samples",
+        "serving.routing.liveness", "serving.routing.policy", "serving.routing.split", "serving.routing.paths",
+        "serving.routing.media", "serving.engine.protocol")
+PURE_EXCEPT: tuple[str, ...] = ()
+# The planner also runs where vLLM is not installed (core/planning/profile/vllm_registry.py)
+FORBIDDEN = {"ray": PURE, "vllm": ("core.planning",), "torch": ("core.planning",)}
 
 
 def _modules() -> dict[str, Path]:
@@ -196,8 +196,8 @@ def _layer_of(mod: str) -> int | None:
 def test_the_graph_is_read():
     edges, external = _graph()
     assert len(edges) > 50
-    assert f"{PACKAGE}.planning.planner" in edges[f"{PACKAGE}.planning.deployment"]
-    assert "ray" in external[f"{PACKAGE}.cluster"]  # deferred, inside methods
+    assert f"{PACKAGE}.core.planning.planner" in edges[f"{PACKAGE}.control.planner"]
+    assert "ray" in external[f"{PACKAGE}.control.cluster"]  # deferred, inside methods
 
 
 def test_no_import_cycles():
@@ -255,6 +255,17 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     names = {a.name for n in _import_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
     assert names == {"y", "z"}
     layers = dict((name, i) for i, (name, _) in enumerate(LAYERS))
-    assert _layer_of(f"{PACKAGE}.routing.policy") == layers["rules"]
-    assert _layer_of(f"{PACKAGE}.routing.router") == layers["routing"]
-    assert _layer_of(f"{PACKAGE}.planning.deployment") == layers["apps"]
+    assert _layer_of(f"{PACKAGE}.serving.routing.policy") == layers["rules"]
+    assert _layer_of(f"{PACKAGE}.serving.routing.router") == layers["routing"]
+    assert _layer_of(f"{PACKAGE}.control.planner") == layers["apps"]
+
+
+def test_core_imports_nothing_above_it():
+    """The folders show the layers: ``core`` (pure logic and the shared vocabulary) imports no module
+    of ``control``, ``serving`` or ``ops``; they build on it."""
+    edges, _ = _graph()
+    core = f"{PACKAGE}.core"
+    above = [f"{_short(mod)} imports {_short(target)}" for mod, targets in sorted(edges.items())
+             if mod == core or mod.startswith(core + ".") for target in sorted(targets)
+             if target.split(".")[1] in ("control", "serving", "ops")]
+    assert not above, "core reaches up:\n" + "\n".join(above)

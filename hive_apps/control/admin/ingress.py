@@ -1,0 +1,401 @@
+"""The admin's request logic as an ASGI app, built by ``make_admin_app`` from its seam, settings
+and clock: the Serve deployment (``control/admin/app.py``) wraps it, unit tests drive it in-process.
+
+Validate, plan, and ask the registry for transitions. The registry owns every model record and
+reservation; the admin only asks it for named transitions (``core/state/book.py``) and runs one
+reconciler loop per model (``control/admin/reconciler.py``) that builds, watches, heals and removes model
+apps. Any of that can be killed at any time: a new admin long-polls the registry, finds every
+model whose record is not settled and resumes its loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hive_apps.control.admin import status_page
+from hive_apps.control.admin.guard import AdminGuard
+from hive_apps.control.admin.lifecycle import Lifecycle
+from hive_apps.control.admin.reconciler import Reconciler
+from hive_apps.control.admin.schemas import ModelStatusResponse, MonitorToken, MonitorTokenRequest, error_responses
+from hive_apps.control.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
+from hive_apps.control.cluster import Cluster, ControlPlane, off_loop
+from hive_apps.core.auth import monitor_token_node, node_monitor_token
+from hive_apps.core.devices import NodeSample
+from hive_apps.core.planning.report import render_plan_table
+from hive_apps.core.settings import HiveSettings
+from hive_apps.core.spec import ModelSpec
+from hive_apps.core.state.ledger import DeviceState
+from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
+from hive_apps.core.state.transitions import Create, Delete
+from hive_apps.core.weights.types import SourceError
+
+log = logging.getLogger("ray.serve")
+
+WATCH_S = 30.0  # longest single long-poll of the registry
+SWEEP_S = 30.0  # how often apps that no record explains are looked for
+DELETE_WAIT_S = 60.0  # a DELETE answers 202 "deleting" past this
+FAILED_CLEANUP_WAIT_S = 60.0
+MAX_KEY_CHARS = 1024  # a weights cache key (source + revision) is far shorter; bounds what reaches the nodes
+
+
+class AdminError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None, **extra):
+        super().__init__(message)
+        self.status, self.message, self.field, self.extra = status, message, field, extra
+
+
+def error_response(status: int, message: str, field: str | None = None, headers: dict | None = None, **extra) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "field": field, "status": status, **extra}},
+                        status_code=status, headers=headers)
+
+
+class AdminService(ControlPlane):
+    """The admin's state and background loops, and what more than one route needs; the routes
+    (``make_admin_app``) are closures over one of these."""
+
+    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time):
+        self.cluster, self.settings, self.clock = cluster, settings, clock
+        self.lifecycle = Lifecycle(cluster, settings)
+        self.reconciler = Reconciler(cluster, settings, self.lifecycle)
+        self.caches = NodeCaches(cluster)
+        self.records: list[ModelRecord] = []  # as the registry last announced them
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch_records()), loop.create_task(self._lifecycle_loop())]
+
+    def close(self) -> None:
+        """Stop the loops and the reconciler's (tests; a Serve replica just ends)."""
+        for task in [*self._tasks, *self.reconciler.loops.values()]:
+            task.cancel()
+
+    async def _watch_records(self) -> None:
+        """Wake the loop of every model whose record changed; sweep orphan apps now and then.
+
+        On start this resumes every deploy, heal and delete a previous admin left in flight.
+        """
+        after, swept_at, seen = -1, 0.0, {}  # type: int, float, dict[str, int]
+        while True:
+            try:
+                view = await self.registry.watch.remote(after, WATCH_S)
+                after, self.records = view.version, view.models
+                for rec in view.models:  # wake only the loops of records that changed
+                    if seen.get(rec.model_id) != rec.version and (rec.status is not ModelStatus.READY or rec.retiring):
+                        self.reconciler.ensure(rec.model_id)
+                seen = {rec.model_id: rec.version for rec in view.models}
+                if self.clock() - swept_at > SWEEP_S:
+                    swept_at = self.clock()
+                    await self.reconciler.sweep(view.models)
+            except Exception as e:  # e.g. the registry is restarting
+                log.warning("watching the registry failed: %s", e)
+                await asyncio.sleep(1.0)
+
+    async def _lifecycle_loop(self) -> None:
+        """Every HIVE_LIFECYCLE_TICK_S: put idle models to sleep, destroy long-idle ones."""
+        while True:
+            await asyncio.sleep(self.settings.lifecycle_tick_s)
+            try:
+                for model_id in await self.lifecycle.tick(self.records):
+                    self.reconciler.ensure(model_id)
+            except Exception as e:  # e.g. the registry is restarting
+                log.warning("lifecycle tick failed: %s", e)
+
+    async def place(self, spec: ModelSpec):
+        """Plan a deploy; when the memory it needs is taken, put models that can sleep to sleep
+        first (``control/admin/lifecycle.py``), waiting for them to park, at most HIVE_HOLD_TIMEOUT_S."""
+        try:
+            return await self.plan(spec)
+        except AdminError as first:
+            planning_error = first
+        deadline, began = time.monotonic() + self.settings.hold_timeout_s, self.clock()
+        while time.monotonic() < deadline:
+            room = await self.lifecycle.make_room(spec, began, as_asked=True)
+            if room.plan is not None:
+                return room.plan
+            if room.waiting_for:
+                for model_id in room.waiting_for:
+                    self.reconciler.ensure(model_id)
+                parking = set(room.waiting_for)
+                await self.wait_for(lambda records: all(m not in records or not records[m].resident for m in parking),  # noqa: B023 (awaited in this iteration)
+                                    deadline - time.monotonic())
+            elif room.retry_at is not None and room.retry_at - self.clock() < deadline - time.monotonic():
+                await asyncio.sleep(max(0.0, room.retry_at - self.clock()))
+            elif room.status_code == 503:
+                raise AdminError(503, room.error, retry_after=max(1, int(self.settings.min_residency_s)))
+            else:
+                raise planning_error
+        raise AdminError(503, f"no room for {spec.model_id} within {self.settings.hold_timeout_s:.0f}s "
+                              "(HIVE_HOLD_TIMEOUT_S) while other models went to sleep", retry_after=5)
+
+    async def wait_for(self, done: Callable[[dict[str, ModelRecord]], bool], timeout_s: float) -> dict[str, ModelRecord]:
+        """Long-poll the registry until ``done(records by id)`` or the timeout; the last records seen."""
+        deadline = time.monotonic() + timeout_s
+        after = -1
+        while True:
+            view = await self.registry.watch.remote(after, max(0.0, min(WATCH_S, deadline - time.monotonic())))
+            after = view.version
+            records = {r.model_id: r for r in view.models}
+            if done(records) or time.monotonic() >= deadline:
+                return records
+
+    async def plan(self, spec: ModelSpec):
+        """Plan leaving room for the replicas self-healing still waits to place (``core/planning/packing.py``)."""
+        devices = await self.registry.capacities.remote()
+        waiting = [rec.spec.model_copy(update={"replicas": len(rec.lost_replicas)})
+                   for rec in await self.registry.list_models.remote()
+                   if rec.status is ModelStatus.DEGRADED and rec.lost_replicas and rec.spec.gpu is None
+                   and rec.model_id != spec.model_id]
+        outcome = await self.planner.plan.remote(spec, devices, waiting or None, True)
+        if outcome.plan is None:
+            raise AdminError(outcome.status_code, outcome.error, rejected=[r.model_dump() for r in outcome.rejected])
+        return outcome.plan
+
+    def status(self, rec: ModelRecord) -> ModelStatusResponse:
+        return ModelStatusResponse.of(rec, self.reconciler.fetching.get(rec.model_id))
+
+    async def deleted(self, ids: list[str], single: bool):
+        """Wait (bounded) until the reconciler removed the apps and the registry the records;
+        past the bound, answer 202 with what is still being removed."""
+        for model_id in ids:
+            self.reconciler.ensure(model_id)
+        records = await self.wait_for(lambda records: not set(ids) & set(records), DELETE_WAIT_S)
+        left = sorted(set(ids) & set(records))
+        if left:
+            return JSONResponse({"deleted": [i for i in ids if i not in left], "deleting": left}, status_code=202)
+        return {"deleted": ids[0] if single else ids}
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """Every error in the hive's body: ``{"error": {"message", "field", "status", ...}}``."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException):
+        """Framework errors (unknown path, wrong method, unparsable body) get the hive's error body."""
+        hints = {404: "unknown path; GET /admin/docs lists the admin API",
+                 405: "this method is not allowed on this path; GET /admin/docs lists the admin API",
+                 400: "the body is not a JSON document (UTF-8, nested less than a thousand levels); "
+                      "send a JSON object with 'Content-Type: application/json'"}
+        return error_response(e.status_code, hints.get(e.status_code, str(e.detail)), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(AdminError)
+    async def _admin_error(_: Request, e: AdminError):
+        headers = {"retry-after": str(e.extra.pop("retry_after"))} if "retry_after" in e.extra else None
+        return error_response(e.status, e.message, e.field, headers=headers, **e.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError):
+        problems = []
+        for err in e.errors():
+            loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
+            field = ".".join(loc) or "body"
+            msg = err.get("msg", "invalid").removeprefix("Value error, ")
+            if err.get("type") == "extra_forbidden":
+                msg = f"unknown field; allowed fields are {', '.join(ModelSpec.model_fields)}"
+            elif field == "body" and err.get("type") in ("model_attributes_type", "dict_type", "json_invalid"):
+                msg = "the body must be a JSON object; send it with 'Content-Type: application/json'"
+            problems.append((field, msg))
+        message = "; ".join(f"{f}: {m}" for f, m in problems)
+        return error_response(422, message, problems[0][0] if problems else None)
+
+
+def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The admin on ``cluster`` (its registry, planner, Serve apps and nodes), under ``settings``
+    (tokens, lifecycle and hold bounds), with ``clock`` for the admin's own wall time (its
+    reconciler and lifecycle read ``time.time``). Call it on a running event loop: the app starts
+    following the registry at once; ``app.state.admin.close()`` stops it."""
+    admin = AdminService(cluster, settings, clock)
+    app = FastAPI(
+        title="Ray Hive admin",
+        description="Deploy, plan and remove models; inspect the GPU registry.",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.admin = admin
+    app.add_middleware(AdminGuard, settings=lambda: settings)
+    _handle_errors(app)
+
+    # --- deploy ------------------------------------------------------------------------
+    @app.post("/models", status_code=202, responses=error_responses(400, 401, 404, 409, 413, 422, 503))
+    async def deploy(spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
+        existing = await admin.registry.get_model.remote(spec.model_id)
+        if existing is not None and existing.status not in ENDED:
+            raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
+                                  "DELETE /admin/models/{id} first or choose another model_id", "model_id")
+        began = time.perf_counter()
+        plan = await admin.place(spec)
+        placed = time.perf_counter()
+        problems = await admin.caches.room_problems(plan, await admin.reconciler.weights_in_use())
+        log.info("%s: planned in %.3fs, room for its weights checked in %.3fs", spec.model_id, placed - began,
+                 time.perf_counter() - placed)
+        if problems:
+            raise AdminError(422, f"the weights of {spec.model!r} cannot go where the plan puts its replicas: "
+                                  + "; ".join(problems), "model")
+        record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
+        reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
+        outcome = await admin.registry.transition.remote(Create(model_id=spec.model_id, record=record,
+                                                                reservations=reservations))
+        if not outcome.ok:
+            field = "model_id" if "model_id" in outcome.message else None
+            raise AdminError(outcome.status_code, outcome.message, field)
+        admin.reconciler.ensure(spec.model_id)
+        rec = outcome.record
+        if wait:
+            def settled(records: dict[str, ModelRecord]) -> bool:
+                r = records.get(spec.model_id)
+                return r is None or r.status is not ModelStatus.DEPLOYING
+
+            rec = (await admin.wait_for(settled, settings.deploy_timeout_s + 60)).get(spec.model_id)
+            if rec is None:
+                raise AdminError(409, f"model {spec.model_id!r} was deleted while it deployed", "model_id")
+        body = admin.status(rec).model_dump(mode="json")
+        if rec.status is ModelStatus.FAILED:
+            await admin.reconciler.idle(spec.model_id, FAILED_CLEANUP_WAIT_S)  # its app is removed first
+            return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
+        return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
+
+    # --- read and delete ----------------------------------------------------------------
+    @app.post("/plan", responses=error_responses(400, 401, 404, 409, 413, 422, 503))
+    async def plan(spec: ModelSpec, format: str = Query("json", pattern="^(json|text)$")):
+        plan = await admin.plan(spec)
+        if format == "text":
+            return PlainTextResponse(render_plan_table(plan))
+        return plan.model_dump(mode="json")
+
+    @app.get("/models", responses=error_responses(401))
+    async def list_models():
+        return {"models": [admin.status(r).model_dump(mode="json") for r in await admin.registry.list_models.remote()]}
+
+    @app.get("/models/{model_id}", responses=error_responses(401, 404))
+    async def get_model(model_id: str):
+        rec = await admin.registry.get_model.remote(model_id)
+        if rec is None:
+            raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
+        return admin.status(rec).model_dump(mode="json")
+
+    @app.delete("/models/{model_id}", responses=error_responses(401, 404))
+    async def delete_model(model_id: str):
+        outcome = await admin.registry.transition.remote(Delete(model_id=model_id))
+        if not outcome.ok:
+            raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
+        return await admin.deleted([model_id], single=True)
+
+    @app.delete("/models", responses=error_responses(401))
+    async def delete_all():
+        ids = [r.model_id for r in await admin.registry.list_models.remote()]
+        for model_id in ids:
+            await admin.registry.transition.remote(Delete(model_id=model_id))
+        return await admin.deleted(ids, single=False)
+
+    @app.get("/gpus", responses=error_responses(401))
+    async def gpus():
+        states: list[DeviceState] = await admin.registry.device_states.remote()
+        return {"devices": [s.model_dump(mode="json") for s in states]}
+
+    @app.get("/nodes", responses=error_responses(401))
+    async def nodes():
+        """Every node's host RAM (CPU engines live there), the devices on it and its weight-cache disk."""
+        disks = await admin.caches.disks()
+        return {"nodes": [{**s.model_dump(mode="json"), "weights_disk": disks.get(s.node_name)}
+                          for s in await admin.registry.node_states.remote()]}
+
+    # --- weights on nodes ---------------------------------------------------------------
+    @app.get("/weights", responses=error_responses(401))
+    async def weights():
+        """What each node's weight cache holds: source, revision, bytes, last used, in use."""
+        caches = await admin.caches.listing(await admin.reconciler.weights_in_use())
+        return {"nodes": {name: c.model_dump(mode="json") for name, c in caches.items()}}
+
+    @app.post("/weights", status_code=202, responses=error_responses(400, 401, 404, 413, 422, 502))
+    async def prefetch(body: PrefetchRequest):
+        """Fetch a source onto nodes now, so a later deploy or wake starts without a download."""
+        from hive_apps.core.weights.listing import list_source
+        from hive_apps.core.weights.source import parse_source
+
+        try:
+            manifest = await off_loop(list_source, parse_source(body.model), timeout=CALL_TIMEOUT_S)
+        except SourceError as e:
+            raise AdminError(e.status_code, e.message, "model") from None
+        alive = await admin.caches.alive()
+        if body.nodes is None:
+            states = await admin.registry.node_states.remote()
+            chosen = [alive[s.node_name].node_id for s in states if s.node_name in alive
+                      and any(not d.endswith(":cpu") for d in s.devices)]
+        else:
+            unknown = [n for n in body.nodes if n not in alive]
+            if unknown:
+                raise AdminError(404, f"no live node {unknown}; GET /admin/nodes lists them", "nodes")
+            chosen = [alive[n].node_id for n in body.nodes]
+        progress = await admin.caches.prefetch(manifest, chosen, await admin.reconciler.weights_in_use())
+        return {"model": body.model, "key": manifest.key, "revision": manifest.revision,
+                "bytes": manifest.total_bytes, "nodes": {n: p.model_dump(mode="json") for n, p in progress.items()}}
+
+    @app.delete("/weights", responses=error_responses(401, 404, 409))
+    async def remove_weights(key: str = Query(..., max_length=MAX_KEY_CHARS,
+                                              description="The cache key, as GET /admin/weights lists it."),
+                             node: str | None = Query(None, description="One node's copy; default: every node's.")):
+        """Remove cached weights no deployed model uses (409 while one does)."""
+        in_use = await admin.reconciler.weights_in_use()
+        if key in in_use:
+            users = [r.model_id for r in await admin.registry.list_models.remote()
+                     if r.status not in ENDED and r.plan.weights is not None and r.plan.weights.key == key]
+            raise AdminError(409, f"{key} is in use by {users}; DELETE those models first", "key")
+        alive = await admin.caches.alive()
+        if node is not None and node not in alive:
+            raise AdminError(404, f"no live node {node!r}; GET /admin/nodes lists them", "node")
+        ids = [alive[node].node_id] if node else [n.node_id for n in alive.values()]
+        removed = await admin.caches.remove(key, ids, in_use)
+        if not removed:
+            raise AdminError(404, f"no node holds {key}; GET /admin/weights lists what is cached", "key")
+        return {"removed": key, "nodes": removed}
+
+    @app.post("/registry/samples", responses=error_responses(400, 401, 403, 404, 413, 422))
+    async def push_sample(sample: NodeSample, request: Request):
+        """Where ``python -m hive_apps.ops.monitor`` (the Kubernetes DaemonSet agent) pushes each reading,
+        with its node's monitor token (or the admin token)."""
+        node = monitor_token_node(settings, request.headers.get("authorization"))
+        if node is not None and node != sample.node_name:
+            raise AdminError(403, f"this monitor token speaks for node {node!r}, not {sample.node_name!r}: "
+                                  "each node's agent pushes with its own node's token", "node_name")
+        result = await admin.registry.push_sample.remote(sample)
+        if not result.ok:
+            raise AdminError(result.status_code, result.message, "node_name" if result.status_code == 404 else "devices")
+        return {"accepted": sample.node_name, "devices": len(sample.devices)}
+
+    @app.post("/monitor-tokens", response_model=MonitorToken, responses=error_responses(400, 401, 409, 413, 422))
+    async def issue_monitor_token(body: MonitorTokenRequest):
+        """The monitor token of one node (derived from ``HIVE_MONITOR_TOKEN``): give it to that node's
+        agent only; it pushes samples of that node and opens nothing else."""
+        if not settings.monitor_token:
+            raise AdminError(409, "no HIVE_MONITOR_TOKEN is set on the hive: set that secret on every Ray node, "
+                                  "then issue node tokens from it")
+        token = MonitorToken(node_name=body.node_name, token=node_monitor_token(settings.monitor_token, body.node_name))
+        return JSONResponse(token.model_dump(), headers={"cache-control": "no-store"})
+
+    @app.post("/registry/reset", responses=error_responses(401))
+    async def reset_registry():
+        return await admin.registry.reset.remote()
+
+    @app.get("/load", responses=error_responses(401))
+    async def load():
+        """Every serving model's replicas: running and waiting requests against planned capacity."""
+        records = [r for r in await admin.registry.list_models.remote() if r.status in SERVING and r.resident]
+        loads = await asyncio.gather(*(admin.lifecycle.replica_loads(r) for r in records))
+        return {"models": {r.model_id: {k: v.model_dump() for k, v in ld.items()} for r, ld in zip(records, loads)}}
+
+    @app.get("/", include_in_schema=False)
+    async def status_page_shell():
+        """The status page shell (no data in it; its script fetches the JSON endpoints with the token)."""
+        return HTMLResponse(status_page.PAGE, headers={"cache-control": "no-store",
+                                                       "content-security-policy": status_page.CSP})
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "registry": await admin.registry.healthz.remote()}
+
+    return app

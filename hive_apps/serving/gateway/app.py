@@ -1,0 +1,46 @@
+"""The ``hive-gateway`` Serve app at ``/v1``: one OpenAI endpoint for every model.
+
+A thin Serve shell around ``make_gateway_app`` (``serving/gateway/ingress.py``), which holds the request
+logic. Two replicas by default (``args: {replicas: N}`` in serve_configs/hive.yaml), so the
+request path has no single point of failure: behind Serve's HAProxy ingress a request the killed
+one closed unanswered is retried on the other (hive_apps/ops/serve_env.py). Each keeps its own load
+view, rebuilt from the registry after a restart, and its part of each model's hold bound.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hive_apps.control.cluster import get_cluster
+from hive_apps.core import names
+from hive_apps.core.auth import warn_if_open
+from hive_apps.core.settings import get_settings
+from hive_apps.serving.gateway.ingress import make_gateway_app
+
+REPLICAS = 2
+
+
+class GatewayArgs(BaseModel):
+    """The gateway app's ``args`` in serve_configs/hive.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    replicas: int = Field(REPLICAS, ge=1, le=64, description="gateway replicas (Serve spreads them over the cluster)")
+
+
+@serve.deployment(max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
+class Gateway:
+    def __init__(self, replicas: int = REPLICAS):
+        settings = get_settings()
+        warn_if_open(settings, names.GATEWAY_APP)
+        self.app = make_gateway_app(get_cluster(), settings, replicas=replicas)
+
+    async def __call__(self, request: Request) -> Response:
+        return await self.app.answer(request)
+
+
+def build(args: dict | None = None):
+    replicas = GatewayArgs.model_validate(args or {}).replicas
+    return Gateway.options(num_replicas=replicas).bind(replicas)  # type: ignore[attr-defined]  # added by @serve.deployment

@@ -1,0 +1,110 @@
+"""The gateway's request logic as an ASGI app, built by ``make_gateway_app`` from its seam, settings
+and clock: the Serve deployment (``serving/gateway/app.py``) wraps it, unit tests drive it in-process.
+
+Stateless: it follows the registry's model records by long-poll (``Registry.watch``), so a model
+that becomes ready, or a replica that moves, is routable as soon as the registry records it, and
+routes each request straight to an engine replica of the model its ``model`` field names, with
+the same ``ReplicaSet`` the model's own router uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hive_apps.control.cluster import Cluster
+from hive_apps.core.openai_errors import openai_error
+from hive_apps.core.settings import HiveSettings
+from hive_apps.core.state.records import LISTED, SERVING, ModelRecord
+from hive_apps.serving import request_ids
+from hive_apps.serving.engine.protocol import ForwardedRequest
+from hive_apps.serving.routing.follow import (
+    FIRST_VIEW_TIMEOUT_S,
+    ModelReplicas,
+    NewModelLookup,
+    follow_registry,
+    model_object,
+    registry_record,
+)
+from hive_apps.serving.routing.hold import WakeHold, gone_message, wake_asker
+from hive_apps.serving.routing.http import BodyFields
+from hive_apps.serving.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.serving.routing.pipeline import OpenAIEntry, asgi
+
+
+class GatewayApp(OpenAIEntry):
+    """``/v1`` for every model the registry lists. An ASGI app; ``answer`` takes a Starlette request."""
+
+    entry = "gateway"
+    requires_model = True
+
+    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                 replicas: int = 1):
+        self.settings = settings
+        self._records: dict[str, ModelRecord] = {}
+        self._replicas = ModelReplicas(cluster)
+        self.replicas_of = self._replicas.of
+        self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock, replicas=replicas)
+        self._new_models = NewModelLookup(lambda model_id: registry_record(model_id, cluster))
+        self._seen = asyncio.Event()
+        self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models, cluster))
+
+    async def __call__(self, scope, receive, send) -> None:
+        await asgi(self, scope, receive, send)
+
+    def close(self) -> None:
+        """Stop following the registry and close the replica sets (tests; a Serve replica just ends)."""
+        self._follower.cancel()
+        self._replicas.keep_only(set())
+
+    def _on_models(self, records: list[ModelRecord]) -> None:
+        self._records = {r.model_id: r for r in records}
+        self._replicas.keep_only({r.model_id for r in records if r.status in SERVING})
+        self.hold.on_models(self._records)
+        self._seen.set()
+
+    async def listed_models(self) -> dict[str, ModelRecord]:
+        """Models a client may name: serving ones, and sleeping ones (a request wakes them)."""
+        if not self._seen.is_set():
+            await asyncio.wait_for(self._seen.wait(), FIRST_VIEW_TIMEOUT_S)
+        return {k: r for k, r in self._records.items() if r.status in LISTED}
+
+    async def before_body(self, request: Request, path: str) -> Response | None:
+        if is_models_list(request.method, path):
+            models = await self.listed_models()
+            return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]})
+        wanted = model_object_id(request.method, path)
+        if wanted is not None:
+            rec = (await self.listed_models()).get(wanted)
+            if rec is None:
+                return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
+            return JSONResponse(model_object(rec))
+        if engine_route(request.method, path) is None:
+            return openai_error(404, f"no OpenAI route {request.method} {path}; the hive serves "
+                                     "POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models")
+        return None
+
+    async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
+        assert fields.model is not None  # requires_model
+        models = await self.listed_models()
+        rec = models.get(fields.model) or await self._new_models.find(fields.model)
+        if rec is None:
+            gone = gone_message(self._records.get(fields.model), fields.model, request_ids.of_headers(req.headers))
+            known = ", ".join(models) or "none yet"
+            return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).",
+                                "model")
+        request.state.model = fields.model
+        return rec
+
+
+def make_gateway_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                     replicas: int = 1) -> GatewayApp:
+    """The gateway on ``cluster`` (its registry and engines), under ``settings`` (API keys, hold
+    bounds, media hosts), with ``clock`` for wall time, as one of ``replicas`` gateway replicas
+    (they share the hold bound). Call it on a running event loop: the app starts following the
+    registry at once."""
+    return GatewayApp(cluster, settings, clock, replicas)

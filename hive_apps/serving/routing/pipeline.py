@@ -1,0 +1,111 @@
+"""The one request pipeline of the hive's OpenAI entries: the gateway at ``/v1`` (every model) and
+each model's router at ``/<model_id>`` (its own model).
+
+auth -> (answers of the entry's own: model objects, unknown routes) -> body -> checks -> route ->
+hold / forward, and one ``hive_requests`` count per answer. An entry says only what differs: the
+path it sees, what it answers without an engine, and which model record a request goes to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hive_apps.core.auth import check_api_key
+from hive_apps.core.openai_errors import openai_error
+from hive_apps.core.settings import HiveSettings
+from hive_apps.core.state.records import ModelRecord
+from hive_apps.ops import metrics
+from hive_apps.serving.engine.protocol import ForwardedRequest
+from hive_apps.serving.routing.hold import WakeHold, client_of
+from hive_apps.serving.routing.http import (
+    BodyFields,
+    BodyTooLarge,
+    parse_fields,
+    read_forwarded,
+    request_problem,
+    respond_for,
+    too_large,
+)
+
+if TYPE_CHECKING:
+    from hive_apps.serving.routing.replica_set import ReplicaSet
+
+
+class OpenAIEntry:
+    """Subclasses set ``entry``, ``settings``, ``hold`` and ``replicas_of`` and answer ``route``."""
+
+    entry: str  # "gateway" | "router": the tag of its requests' metrics
+    requires_model: bool = False  # a body without a 'model' field is a 400 before anything else is checked
+    settings: HiveSettings
+    hold: WakeHold
+    replicas_of: Callable[[ModelRecord], ReplicaSet]
+
+    async def answer(self, request: Request) -> Response:
+        response = await self._pipeline(request)
+        metrics.publisher().count("hive_requests", model=self.model_tag(request), entry=self.entry,
+                                  code=str(response.status_code))
+        return response
+
+    async def _pipeline(self, request: Request) -> Response:
+        reason = check_api_key(self.settings, request.headers.get("authorization"))
+        if reason:
+            return openai_error(401, reason)
+        path = self.path_of(request)
+        early = await self.before_body(request, path)
+        if early is not None:
+            return early
+        try:
+            req = await read_forwarded(request, path)
+        except BodyTooLarge:
+            return too_large()
+        fields = await parse_fields(req)
+        if self.requires_model and fields.model is None:
+            return openai_error(400, "the request body must be JSON with a 'model' field naming a model from "
+                                     "GET /v1/models", "model")
+        if request.method == "POST":
+            problem = await request_problem(path, req, fields, self.settings.media_hosts)
+            if problem is not None:
+                return openai_error(400, *problem)
+        target = await self.route(request, req, fields)
+        if isinstance(target, Response):
+            return target
+        return await respond_for(target, self.replicas_of, self.hold, req, fields,
+                                 client_of(request.headers.get("authorization")))
+
+    # --- what an entry says for itself ------------------------------------------------------
+    def path_of(self, request: Request) -> str:
+        """The path an engine sees (an entry mounted under a prefix cuts it)."""
+        return request.url.path
+
+    def model_tag(self, request: Request) -> str:
+        """The ``model`` tag of the request's count: only a model the hive serves, never a client's made-up name."""
+        return getattr(request.state, "model", "")
+
+    async def before_body(self, request: Request, path: str) -> Response | None:
+        """An answer that needs no body and no engine (model objects, routes the hive does not serve), or None."""
+        return None
+
+    async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
+        """The record of the model the request goes to (then served, held while it wakes, or refused
+        with why), or an answer of the entry's own."""
+        raise NotImplementedError
+
+
+async def asgi(entry: OpenAIEntry, scope, receive, send) -> None:
+    """Serve an entry as a plain ASGI app (tests drive it with ``httpx.ASGITransport``)."""
+    if scope["type"] == "lifespan":  # nothing to start or stop: the registry follower starts with the app
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    response = await entry.answer(Request(scope, receive))
+    await response(scope, receive, send)

@@ -1,0 +1,237 @@
+"""The routing state of one model, shared by its router and by the gateway.
+
+Sends each request to the live replica with the lowest load relative to its planned capacity
+(``serving/routing/policy.py``); a replica that fails before answering is retried on another; when
+every replica is full and the model's queue bound is reached the answer is a 429. A request
+that carries many sequences (a list of prompts, n > 1) is split over replicas by free
+capacity (``serving/routing/split.py``). Which replicas are live, and their load, come from the load
+poll (``serving/routing/liveness.py``); the calls go over ``serving/routing/transport.py``.
+
+The gateway keeps one ``ReplicaSet`` per ready model and calls the engines itself, so a
+request through ``/v1`` crosses one hop (gateway -> engine), like one through
+``/<model_id>/v1`` (router -> engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+from hive_apps.control.cluster import Cluster, get_cluster
+from hive_apps.core import names
+from hive_apps.core.openai_errors import openai_error
+from hive_apps.core.planning.types import Plan, ReplicaPlan
+from hive_apps.ops import metrics
+from hive_apps.serving import request_ids
+from hive_apps.serving.engine.http_server import EngineEndpoint
+from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
+from hive_apps.serving.routing.liveness import LoadPoll, is_live, mark_failed
+from hive_apps.serving.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate, queue_full
+from hive_apps.serving.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
+from hive_apps.serving.routing.transport import EngineHung, HttpTransport, Reply, make_transport
+
+log = logging.getLogger("ray.serve")
+
+MAX_ATTEMPTS = 2
+RETRY_AFTER_S = 1
+JSON = ("content-type", "application/json")
+REPLICA_HEADER = "x-hive-replica"
+SPLITTABLE = (COMPLETIONS, CHAT)
+
+
+def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
+    """The model's queue bound: as asked, else one more full batch of its largest replica."""
+    if max_queued_requests is not None:
+        return max_queued_requests
+    return max((rp.settings.max_num_seqs for rp in plan.replicas), default=0)
+
+
+class ReplicaSet(LoadPoll):
+    def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
+        super().__init__({rp.index: ReplicaView.of_plan(rp) for rp in replicas})
+        self.model_id = model_id
+        self.queue_bound = queue_bound
+        self.handles = handles
+        self.devices = {rp.index: list(rp.devices) for rp in replicas}
+        self.transport = make_transport(handles)
+
+    @classmethod
+    def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None) -> ReplicaSet:
+        """Handles to the engines of a running model app, found by name."""
+        cluster = cluster or get_cluster()
+        handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
+        return cls(model_id, handles, plan.replicas, queue_bound)
+
+    @property
+    def endpoints(self) -> dict[int, EngineEndpoint | None]:
+        """The ports the HTTP transport learnt (None: not yet; empty with HIVE_ENGINE_HTTP=0), for tests and debugging."""
+        return self.transport.endpoints if isinstance(self.transport, HttpTransport) else {}
+
+    @endpoints.setter
+    def endpoints(self, known: dict[int, EngineEndpoint | None]) -> None:
+        if isinstance(self.transport, HttpTransport):
+            self.transport.endpoints = known
+
+    def close(self) -> None:
+        """Stop polling; the connections close once the requests still on them are answered
+        (a set is replaced when the model's replicas change, with requests in flight)."""
+        self.stop()
+        self.transport.close()
+
+    async def _poll_one(self, i: int) -> EngineLoad:
+        return await self.transport.load(i)
+
+    def replica_views(self) -> list[ReplicaView]:
+        return list(self.views.values())
+
+    def _busy(self) -> Reply | None:
+        if not queue_full(self.replica_views(), self.queue_bound):
+            return None
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="429", reason="queue_full")
+        start = ResponseStart(status=429, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))])
+        return start, bytes(openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests "
+                                              f"are already queued; retry after {RETRY_AFTER_S}s").body)
+
+    def _unavailable(self, last_error: Exception | None) -> Reply:
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="503", reason="no_replica")
+        msg = f"no replica of model '{self.model_id}' could take the request"
+        if last_error is not None:
+            msg += f" (last error: {type(last_error).__name__})"
+        return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), bytes(openai_error(503, msg).body)
+
+    def _hung(self, e: EngineHung) -> Reply:
+        metrics.publisher().count("hive_rejected", model=self.model_id, code="504", reason="engine_hung")
+        return ResponseStart(status=504, headers=[JSON]), bytes(openai_error(504, f"model '{self.model_id}': {e}").body)
+
+    def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
+        mark_failed(view)
+        self.transport.failed(view.index, e)
+        log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
+                    request_ids.of_headers(req.headers), e)
+        metrics.publisher().count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
+
+    def _attempted(self, attempt: int) -> None:
+        """Attempt ``attempt`` (0 the first) is being made; from the second on it is a retry."""
+        if attempt:
+            metrics.publisher().count("hive_retries", model=self.model_id)
+
+    def _answered(self, attempt: int) -> None:
+        if attempt:
+            metrics.publisher().count("hive_failovers", model=self.model_id)
+
+    async def call(self, req: ForwardedRequest, body: dict[str, Any] | None) -> Reply:
+        """A non-streaming request: split over replicas when it carries many sequences, else one call.
+
+        ``body`` is ``req.body`` as the caller already parsed it (None when it is not a JSON object).
+        """
+        self._touch()
+        await self._any_live()
+        # no await from the queue check to the in-flight count (in _call_one): requests that
+        # arrive together must see each other
+        busy = self._busy()
+        if busy:
+            return busy
+        split = self._plan_split(req.path, body)
+        if split is None:
+            return await self._call_one(req)
+        replies = await asyncio.gather(*(
+            self._call_one(req.model_copy(update={"body": json.dumps(part.body).encode()}), prefer=part.replica)
+            for part in split.parts))
+        failed = next((r for r in replies if r[0].status != 200), None)
+        if failed is not None:
+            return failed
+        merged = merge_answers(split, [json.loads(body) for _, body in replies])
+        served = ",".join(names.replica_label(part.replica) for part in split.parts)
+        return ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served)]), json.dumps(merged).encode()
+
+    def _plan_split(self, path: str, body: dict[str, Any] | None) -> Split | None:
+        if body is None or path not in SPLITTABLE or len(self.views) < 2:
+            return None
+        return plan_split(path, body, self.replica_views())
+
+    def _attempts(self, prefer: int | None = None) -> Iterator[ReplicaView]:
+        """The replicas to try in turn: the preferred one if live, then the best not yet tried."""
+        tried: set[int] = set()
+        for _ in range(MAX_ATTEMPTS):
+            view = self.views.get(prefer) if prefer is not None and not tried else None
+            if view is None or not is_live(view):
+                view = choose_replica(self.replica_views(), exclude=tried)
+            if view is None:
+                return
+            tried.add(view.index)
+            yield view
+
+    async def _call_one(self, req: ForwardedRequest, prefer: int | None = None) -> Reply:
+        """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
+        last_error: Exception | None = None
+        tokens = prompt_tokens_estimate(req.body)
+        for attempt, view in enumerate(self._attempts(prefer)):
+            self._attempted(attempt)
+            view.in_flight += 1
+            view.queued_tokens += tokens
+            try:
+                start, body = await self.transport.call(view.index, req)
+                self._answered(attempt)
+                return _served_by(start, view.index), body
+            except EngineHung as e:  # it may still be generating: running it again elsewhere would run it twice
+                self._failed(view, e, req)
+                return self._hung(e)
+            except Exception as e:
+                last_error = e
+                self._failed(view, e, req)
+            finally:
+                view.in_flight -= 1
+                view.queued_tokens -= tokens
+        return self._unavailable(last_error)
+
+    async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        """A streaming request: retried elsewhere only if the replica fails before its first item."""
+        self._touch()
+        await self._any_live()
+        busy = self._busy()  # and no await from here to the in-flight count
+        if busy:
+            yield busy[0]
+            yield busy[1]
+            return
+        last_error: Exception | None = None
+        tokens = prompt_tokens_estimate(req.body)
+        for attempt, view in enumerate(self._attempts()):
+            self._attempted(attempt)
+            view.in_flight += 1
+            view.queued_tokens += tokens
+            queued = tokens  # released at the first body bytes: the prompt is past prefill
+            started = False
+            try:
+                replies = self.transport.stream(view.index, req)
+                async with contextlib.aclosing(replies):  # a client that leaves closes the engine's stream too
+                    async for item in replies:
+                        if not started:
+                            assert isinstance(item, ResponseStart)  # an engine reply starts with its headers
+                            item, started = _served_by(item, view.index), True
+                            self._answered(attempt)
+                        elif queued:
+                            view.queued_tokens, queued = view.queued_tokens - queued, 0
+                        yield item
+                return
+            except Exception as e:
+                if started:
+                    raise
+                last_error = e
+                self._failed(view, e, req)
+            finally:
+                view.in_flight -= 1
+                view.queued_tokens -= queued
+        start, body = self._unavailable(last_error)
+        yield start
+        yield body
+
+
+def _served_by(start: ResponseStart, index: int) -> ResponseStart:
+    """Tell the client which replica answered (``x-hive-replica: r1``), for debugging and tests."""
+    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, names.replica_label(index))]})

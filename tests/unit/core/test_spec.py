@@ -1,0 +1,114 @@
+import pytest
+from pydantic import ValidationError
+
+from hive_apps.core.spec import ModelSpec
+
+
+def spec(**kw):
+    return ModelSpec(**{"model_id": "m1", "model": "/models/x", **kw})
+
+
+def test_defaults():
+    s = spec()
+    assert s.replicas == 1 and s.gpu is None and s.engine.value == "vllm" and s.pins == []
+
+
+@pytest.mark.parametrize("bad", ["Upper", "-lead", "trail-", "a_b", "", "x" * 64])
+def test_model_id_must_be_slug(bad):
+    with pytest.raises(ValidationError, match="lowercase slug"):
+        spec(model_id=bad)
+
+
+@pytest.mark.parametrize("reserved", ["admin", "v1", "hive-registry", "hive-x"])
+def test_model_id_reserved(reserved):
+    with pytest.raises(ValidationError, match="reserved"):
+        spec(model_id=reserved)
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_replicas_positive_or_all(n):
+    with pytest.raises(ValidationError, match="replicas|>= 1"):
+        spec(replicas=n)
+
+
+def test_gpu_names_checked():
+    with pytest.raises(ValidationError, match="node>:gpu<index>"):
+        spec(gpu="gpu0")
+    with pytest.raises(ValidationError, match="same device twice"):
+        spec(gpu=["a:gpu0", "a:gpu0"], replicas=2)
+    with pytest.raises(ValidationError, match="empty list"):
+        spec(gpu=[])
+
+
+def test_pins_and_replicas_must_agree():
+    assert spec(gpu=["a:gpu0", "b:gpu1"], replicas=2).pins == ["a:gpu0", "b:gpu1"]
+    assert spec(gpu=["a:gpu0", "a:gpu1"], replicas=1).replicas == 1  # one TP group
+    with pytest.raises(ValidationError, match="replicas=2 for one replica per device"):
+        spec(gpu=["a:gpu0", "b:gpu1"], replicas=3)
+    with pytest.raises(ValidationError, match="pins one device"):
+        spec(gpu="a:gpu0", replicas=2)
+
+
+def test_unknown_field_and_owned_kwargs_rejected():
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        spec(replica=2)
+    with pytest.raises(ValidationError, match="set by the hive"):
+        spec(vllm_kwargs={"model": "other"})
+
+
+def test_model_id_must_match_in_full():
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.core.spec import ModelSpec
+
+    for bad in ("admin\n", "qwen\n", "ok\nadmin"):
+        with pytest.raises(ValidationError, match="lowercase slug"):
+            ModelSpec(model_id=bad, model="x")
+
+
+def test_lifecycle_fields_must_agree():
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.core.spec import ModelSpec
+
+    with pytest.raises(ValidationError, match="idle_timeout=60 must be greater than sleep_timeout=60"):
+        ModelSpec(model_id="m", model="x", sleep_timeout=60, idle_timeout=60)
+    for field, value in (("priority", 3), ("keep_resident", True)):
+        with pytest.raises(ValidationError, match=f"{field} only orders or prevents evictions"):
+            ModelSpec(model_id="m", model="x", **{field: value})
+    for bad in (0, -1):
+        with pytest.raises(ValidationError, match="sleep_timeout"):
+            ModelSpec(model_id="m", model="x", sleep_timeout=bad)
+    ok = ModelSpec(model_id="m", model="x", sleep_timeout=30, idle_timeout=600, priority=2, keep_resident=True)
+    assert ok.can_sleep and ok.priority == 2
+    assert ModelSpec(model_id="m", model="x", idle_timeout=600).can_sleep is False  # destroyed, never slept
+
+
+def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from hive_apps.core.settings import get_settings
+    from hive_apps.core.spec import ModelSpec
+
+    root = tmp_path / "models"
+    (root / "tiny").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setenv("HIVE_MODEL_ROOT", str(root))
+    get_settings.cache_clear()
+    try:
+        assert ModelSpec(model_id="m", model=str(root / "tiny")).model == str(root / "tiny")
+        assert ModelSpec(model_id="m", model="Qwen/Qwen3-0.6B").model == "Qwen/Qwen3-0.6B"  # a cached HF name
+        messages = []
+        for bad in ("/etc", str(root / "link"), "/no/such/folder"):
+            with pytest.raises(ValidationError) as e:
+                ModelSpec(model_id="m", model=bad)
+            messages.append(str(e.value).split("model\n")[1].split("[")[0].replace(bad, "<path>"))
+        assert len(set(messages)) == 1 and "HIVE_MODEL_ROOT" in messages[0]  # the same, existing or not
+        with pytest.raises(ValidationError, match="'..'"):
+            ModelSpec(model_id="m", model="org/../../etc")
+    finally:
+        get_settings.cache_clear()

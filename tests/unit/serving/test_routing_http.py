@@ -1,0 +1,158 @@
+"""What the gateway and the routers do with a request before an engine sees it (``serving/routing/http.py``):
+bodies are capped before they are buffered, large ones are parsed off the event loop, and a
+model's failure text stays with the operator."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+from starlette.requests import Request
+
+from hive_apps.core.settings import HiveSettings
+from hive_apps.core.state.records import ModelRecord, ModelStatus
+from hive_apps.serving.engine.protocol import ForwardedRequest
+from hive_apps.serving.routing import http
+from hive_apps.serving.routing.hold import HoldRefused, WakeHold
+from hive_apps.serving.routing.http import (
+    MAX_BODY_BYTES,
+    BodyFields,
+    BodyTooLarge,
+    read_forwarded,
+    respond_for,
+    too_large,
+)
+
+MiB = 2**20
+
+
+def posted(headers: dict[str, str], chunks: list[bytes] | None = None,
+           endless: bytes = b"") -> tuple[Request, list[int]]:
+    """A POST whose body arrives in ``chunks`` (or ``endless`` ones); the list counts the reads."""
+    reads: list[int] = []
+
+    async def receive():
+        reads.append(1)
+        if chunks is not None:
+            i = len(reads) - 1
+            return {"type": "http.request", "body": chunks[i], "more_body": i + 1 < len(chunks)}
+        return {"type": "http.request", "body": endless, "more_body": True}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    return Request(scope, receive), reads
+
+
+# --- the body cap ---------------------------------------------------------------------------
+async def test_a_body_declared_over_the_cap_is_refused_before_a_byte_is_read():
+    request, reads = posted({"content-length": str(MAX_BODY_BYTES + 1)}, [b"{}"])
+    with pytest.raises(BodyTooLarge):
+        await read_forwarded(request, "/v1/completions")
+    assert reads == []
+    answer = too_large()
+    assert answer.status_code == 413 and MAX_BODY_BYTES == 16 * MiB
+    assert "16 MiB" in json.loads(answer.body)["error"]["message"]
+
+
+async def test_a_chunked_body_is_cut_off_as_soon_as_it_passes_the_cap():
+    request, reads = posted({"transfer-encoding": "chunked"}, endless=b" " * MiB)
+    with pytest.raises(BodyTooLarge):
+        await read_forwarded(request, "/v1/completions")
+    assert len(reads) == 16 + 1  # 16 MiB, then the chunk that passes it: never the rest
+    request, _ = posted({"content-length": "2"}, [b"{}"])
+    assert (await read_forwarded(request, "/v1/completions")).body == b"{}"
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop(monkeypatch):
+    parsed_on: list[int] = []
+    loads = json.loads
+
+    def spy(text, *args, **kwargs):
+        parsed_on.append(threading.get_ident())
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(http.json, "loads", spy)
+    small = ForwardedRequest(path="/v1/completions", body=json.dumps({"model": "m", "prompt": "hi"}).encode())
+    large = ForwardedRequest(path="/v1/completions", body=json.dumps({"model": "m", "prompt": "x" * 2 * MiB}).encode())
+    assert (await http.parse_fields(small)).model == "m"
+    assert (await http.parse_fields(large)).model == "m"
+    assert len(parsed_on) == 2 and parsed_on[0] == threading.get_ident() != parsed_on[1]
+
+
+# --- failure text -------------------------------------------------------------------------------
+TRACEBACK = ("an engine failed to start: RuntimeError: CUDA out of memory | details: Traceback (most recent call "
+             "last):\n  File \"/home/ray/anaconda3/lib/python3.11/site-packages/vllm/engine.py\", line 88\n"
+             "ray.exceptions.RayTaskError: actor on node 10.0.3.7 died")
+
+
+def record(status: ModelStatus, **fields) -> ModelRecord:
+    return ModelRecord.model_construct(model_id="m", status=status, message=TRACEBACK, **fields)
+
+
+def client_message(answer) -> str:
+    message = json.loads(answer.body)["error"]["message"]
+    assert "Traceback" not in message and "10.0.3.7" not in message and "/home/ray" not in message
+    assert "CUDA" not in message and "GET /admin/models/m" in message
+    return message
+
+
+async def test_clients_of_a_failed_model_get_where_the_details_are_not_the_traceback(caplog):
+    caplog.set_level(logging.INFO, logger="ray.serve")
+    req = ForwardedRequest(path="/v1/chat/completions", headers=[("x-request-id", "rid-42")], body=b"{}")
+    answer = await respond_for(record(ModelStatus.FAILED), lambda rec: None, WakeHold(HiveSettings()), req,
+                               BodyFields("m", False, {}))
+    assert answer.status_code == 404 and "rid-42" in client_message(answer)
+    assert any("rid-42" in r.getMessage() and "CUDA out of memory" in r.getMessage() for r in caplog.records)
+
+
+async def test_held_requests_learn_the_wake_failed_or_timed_out_but_not_why():
+    async def no_wake(model_id):
+        return None
+
+    hold = WakeHold(HiveSettings(hold_timeout_s=5), no_wake)
+    await hold.update({"m": record(ModelStatus.SLEEPING, wake_failed_at=time.time() + 60)})
+    with pytest.raises(HoldRefused) as failed:
+        await hold.wait("m", "rid-43")
+    assert failed.value.response.status_code == 503
+    message = client_message(failed.value.response)
+    assert "could not wake" in message and "rid-43" in message
+    hold = WakeHold(HiveSettings(hold_timeout_s=0.05), no_wake)
+    await hold.update({"m": record(ModelStatus.WAKING)})
+    with pytest.raises(HoldRefused) as late:
+        await hold.wait("m", "rid-44")
+    assert late.value.response.status_code == 503 and "did not wake" in client_message(late.value.response)
+
+
+async def test_every_503_the_hive_makes_says_when_to_retry():
+    """OpenAI SDKs and proxies retry a 503 that carries Retry-After; one without it fails the request."""
+    import asyncio
+
+    from hive_apps.core.openai_errors import openai_error
+    from hive_apps.serving.engine.protocol import ForwardedRequest
+    from hive_apps.serving.routing.replica_set import ReplicaSet
+    from tests.unit.helpers import replica_plan
+
+    assert openai_error(503, "down").headers["retry-after"] == "1"
+    assert openai_error(503, "down", headers={"Retry-After": "7"}).headers["retry-after"] == "7"
+    assert "retry-after" not in openai_error(400, "bad").headers
+
+    class Gone:
+        def remote(self, *_):
+            async def fail():
+                raise ConnectionError("replica gone")
+            return fail()
+
+    class DeadHandle:
+        load = endpoint = forward_unary = forward = Gone()
+
+        def options(self, **_):
+            return self
+
+    rs = ReplicaSet("m", {0: DeadHandle()}, [replica_plan()], queue_bound=4)
+    start, _ = await rs.call(ForwardedRequest(path="/v1/chat/completions", body=b"{}"), None)
+    assert start.status == 503 and dict(start.headers)["retry-after"] == "1"
+    rs.close()
+    await asyncio.sleep(0)

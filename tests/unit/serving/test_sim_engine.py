@@ -1,0 +1,211 @@
+import asyncio
+import json
+
+import pytest
+
+from hive_apps.core.devices import DeviceKind
+from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart
+from hive_apps.serving.engine.sim_engine import SimEngine
+from tests.unit.helpers import replica_plan
+
+
+async def engine(**kw) -> SimEngine:
+    """Serve awaits the async constructor; do the same, without the registry's start lock."""
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("sim-model", "", replica_plan(**kw), use_start_lock=False)
+    return e
+
+
+async def test_chat_and_warm_up():
+    e = await engine(sim_tokens_per_s=2000)
+    assert await e.warm_up() >= 0
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "max_tokens": 5,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200
+    assert body["usage"]["completion_tokens"] == 5
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+async def test_stream_ends_with_done_and_usage():
+    e = await engine(sim_tokens_per_s=2000)
+    body = {"model": "sim-model", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}]}
+    items = [i async for i in e.forward(ForwardedRequest(path="/v1/chat/completions", body=json.dumps(body).encode()))]
+    assert isinstance(items[0], ResponseStart) and items[0].content_type.startswith("text/event-stream")
+    text = b"".join(i for i in items[1:]).decode()
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == 3
+
+
+async def test_admission_caps_running_at_max_num_seqs():
+    e = await engine(max_num_seqs=2, sim_tokens_per_s=50)
+    peak = 0
+
+    async def watch():
+        nonlocal peak
+        for _ in range(40):
+            peak = max(peak, e.load().running)
+            await asyncio.sleep(0.01)
+
+    req = {"model": "sim-model", "prompt": "x", "max_tokens": 5}
+    await asyncio.gather(watch(), *(e.call_json("/v1/completions", req) for _ in range(5)))
+    assert peak == 2
+    assert e.load().running == 0 and e.load().waiting == 0
+
+
+async def test_errors_are_openai_shaped():
+    e = await engine(max_model_len=64)
+    status, body = await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "x" * 400, "max_tokens": 8})
+    assert status == 400 and "maximum context length is 64" in body["error"]["message"]
+    status, body = await e.call_json("/v1/completions", {"model": "other", "prompt": "x"})
+    assert status == 404 and body["error"]["param"] == "model"
+
+
+async def test_embeddings_deterministic_and_base64():
+    e = await engine()
+    _, a = await e.call_json("/v1/embeddings", {"input": ["same", "other"]})
+    _, b = await e.call_json("/v1/embeddings", {"input": "same"})
+    assert len(a["data"][0]["embedding"]) == 384
+    assert a["data"][0]["embedding"] == b["data"][0]["embedding"] != a["data"][1]["embedding"]
+    _, c = await e.call_json("/v1/embeddings", {"input": "same", "encoding_format": "base64"})
+    assert isinstance(c["data"][0]["embedding"], str)
+
+
+async def test_failure_injection():
+    with pytest.raises(RuntimeError, match="sim_fail_start"):
+        await engine(sim_fail_start=True)
+
+
+async def test_prompt_lists_and_n_answer_like_vllm():
+    e = await engine(sim_tokens_per_s=5000)
+    status, body = await e.call_json("/v1/completions", {"model": "sim-model", "prompt": ["aaaa", "bbbbbbbb", "cc"],
+                                                         "n": 2, "max_tokens": 3})
+    assert status == 200
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert body["usage"] == {"prompt_tokens": 1 + 2 + 1, "completion_tokens": 18, "total_tokens": 22}
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "n": 3, "max_tokens": 2,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and len(body["choices"]) == 3 and body["usage"]["completion_tokens"] == 6
+    status, body = await e.call_json("/v1/chat/completions", {"model": "sim-model", "n": 0,
+                                                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and body["error"]["param"] == "n"
+
+
+async def test_bad_request_fields_are_400s_like_vllm():
+    import httpx
+
+    from hive_apps.serving.engine.sim_engine import SimEngine
+    from tests.unit.helpers import replica_plan
+
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("m", "", replica_plan(sim_tokens_per_s=5000), use_start_lock=False)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=e.app), base_url="http://e")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for bad, field in [({"max_tokens": "abc"}, "max_tokens"), ({"stream_options": 5}, "stream_options"),
+                       ({"n": 0}, "n"), ({"stream": "yes"}, "stream"),
+                       ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role")]:
+        r = await client.post("/v1/chat/completions", json={**chat, **bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == field
+    assert (await client.post("/v1/chat/completions", json={**chat, "max_tokens": 1})).status_code == 200
+    await e.http.stop() if e.http else None
+
+
+async def test_a_cancelled_queued_request_does_not_stay_waiting():
+    import asyncio
+
+    from hive_apps.serving.engine.sim_engine import SimEngine
+    from tests.unit.helpers import replica_plan
+
+    e = SimEngine.__new__(SimEngine)
+    await e.__init__("m", "", replica_plan(max_num_seqs=1, sim_tokens_per_s=20), use_start_lock=False)
+
+    async def run():
+        async for _ in e._generate(1, 50):
+            pass
+
+    first = asyncio.create_task(run())
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(run())
+    await asyncio.sleep(0.05)
+    assert e.waiting == 1
+    queued.cancel()
+    await asyncio.sleep(0.05)
+    assert e.waiting == 0
+    first.cancel()
+    await asyncio.sleep(0.05)
+    assert e.running == 0
+
+
+async def test_sim_cold_start_takes_the_lifecycle_cold_start_time(monkeypatch):
+    from hive_apps.serving.engine import sim_engine
+
+    asked = []
+
+    def cold(weight_bytes):
+        asked.append(weight_bytes)
+        return 0.3
+
+    monkeypatch.setattr(sim_engine, "cold_start_s", cold)
+    e = await engine(sim_tokens_per_s=2000, sim_cold_start=True)
+    assert asked == [e.replica.memory.weights]  # the weights of one rank
+    assert e.info()["engine_start_s"] >= 0.3
+
+
+def test_cold_start_model_reproduces_vllms_published_figures():
+    from hive_apps.core.lifecycle import cold_start_s
+
+    assert 97 <= cold_start_s(220 * 2**30, tp=4) <= 98  # Qwen3-235B-FP8, 4 x A100: 97-98 s
+    assert cold_start_s(15 * 2**30, compute_capability=(9, 0)) < cold_start_s(15 * 2**30)  # Gen5 host link
+
+
+async def test_sleeps_in_place_at_both_levels_with_the_published_timings():
+    from hive_apps.core.lifecycle import sleep_s, wake_s
+
+    e = await engine(sim_tokens_per_s=2000)
+    e.replica.memory.weights = 2 * 2**30  # 2 GiB on an Ampere-class link: level 1 wakes in ~0.4 s
+    assert e.can_sleep() and e.info()["can_sleep"]
+    slept = await e.sleep(1)
+    assert slept == pytest.approx(sleep_s(1, 2 * 2**30), abs=0.1) and e.info()["sleep_level"] == 1
+    assert await e.sleep(1) < 0.05  # asleep already
+    woke = await e.wake_up()
+    assert woke["wake_s"] == pytest.approx(wake_s(1, 2 * 2**30), abs=0.1) and e.sleep_level == 0
+    await e.sleep(2)
+    level2 = (await e.wake_up())["wake_s"]
+    assert 3 * woke["wake_s"] <= level2 <= 10 * woke["wake_s"]  # vLLM: level 2 wakes 3-10x slower on small models
+
+
+async def test_a_wake_that_answers_differently_is_refused():
+    from hive_apps.serving.engine.base import EngineStartError
+
+    e = await engine(sim_tokens_per_s=2000, sim_corrupt_wake=True)
+    await e.sleep(1)
+    with pytest.raises(EngineStartError, match="differently than before it slept"):
+        await e.wake_up()
+    with pytest.raises(EngineStartError):  # asked again (a new admin): still refused
+        await e.wake_up()
+
+
+async def test_an_engine_on_a_cpu_or_without_sleep_mode_cannot_sleep_in_place():
+    assert not (await engine(sim_tokens_per_s=2000, sim_sleep_mode=False)).can_sleep()
+    e = await engine(sim_tokens_per_s=2000)
+    e.replica.device_kind = DeviceKind.CPU
+    assert not e.can_sleep()
+    with pytest.raises(RuntimeError, match="park it"):
+        await e.sleep(1)
+
+
+async def test_chat_media_costs_tokens_per_item_and_respects_the_limit_per_prompt():
+    from hive_apps.serving.engine.sim_engine import SIM_TOKENS_PER_ITEM
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40000}}
+    e = await engine(sim_tokens_per_s=2000, limit_mm_per_prompt={"image": 1})
+    ask = lambda *parts: e.call_json("/v1/chat/completions", {  # noqa: E731
+        "model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": [*parts]}]})
+    status, body = await ask({"type": "text", "text": "what is this? " * 4}, image)
+    assert status == 200 and body["usage"]["prompt_tokens"] == 14 + SIM_TOKENS_PER_ITEM  # not the base64's length
+    status, body = await ask(image, image)
+    assert status == 400 and body["error"]["message"] == "At most 1 image(s) may be provided in one prompt."
+    status, body = await ask({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}})
+    assert status == 400 and "At most 0 audio(s)" in body["error"]["message"]
