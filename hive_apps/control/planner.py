@@ -38,7 +38,7 @@ class PlanOutcome(BaseModel):
 
 def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                   pending: list[ModelSpec] | None = None, as_asked: bool = False,
-                  weights: Manifest | None = None) -> PlanOutcome:
+                  weights: Manifest | None = None, demand_seqs: int | None = None) -> PlanOutcome:
     """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
     cannot be loaded is left out (its own deploy reports why). ``as_asked``: ``spec`` is a body a
     user just sent, so the fields it set are known (a stored spec has every field set). ``weights``:
@@ -57,7 +57,7 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                 others.append((p, load_source_profile(p.model, p.vllm_kwargs)[0]))
             except PlanningError:
                 continue
-        plan = plan_deployment(spec, devices, profile, pending=others)
+        plan = plan_deployment(spec, devices, profile, pending=others, demand_seqs=demand_seqs)
         return PlanOutcome(plan=plan.model_copy(update={"weights": manifest}), weights=manifest)
     except PlanningError as e:
         return PlanOutcome(error=e.message, status_code=e.status_code, rejected=e.rejected, weights=manifest)
@@ -104,8 +104,9 @@ def _warm() -> None:
 class PlanWorker:
     """One planning process at a time, killed and replaced when a plan outlives its deadline."""
 
-    def __init__(self, timeout_s: float, without_torch: bool = False):
+    def __init__(self, timeout_s: float, without_torch: bool = False, demand_seqs: int | None = None):
         self.timeout_s = timeout_s
+        self.demand_seqs = demand_seqs  # HIVE_DEFAULT_DEMAND_SEQS
         self.without_torch = without_torch
         self._pool: ProcessPoolExecutor | None = None
         self._one_at_a_time = asyncio.Lock()  # the deadline counts a plan's own time, not its queue
@@ -151,7 +152,8 @@ class PlanWorker:
             async with self._one_at_a_time:
                 await self._ensure_warm()
                 return await asyncio.wait_for(loop.run_in_executor(
-                    self._executor(), plan_or_error, spec, devices, pending, as_asked, weights), self.timeout_s)
+                    self._executor(), plan_or_error, spec, devices, pending, as_asked, weights, self.demand_seqs),
+                    self.timeout_s)
         except TimeoutError:
             self._replace()
             return PlanOutcome(status_code=422, error=(
@@ -169,7 +171,8 @@ class Planner:
     async def __init__(self):
         settings = get_settings()
         user_code = bool(settings.hook_packages) or settings.trust_remote_code
-        self.worker = PlanWorker(settings.plan_timeout_s, without_torch=not user_code)
+        self.worker = PlanWorker(settings.plan_timeout_s, without_torch=not user_code,
+                                 demand_seqs=settings.default_demand_seqs or None)
         self._warming = asyncio.get_running_loop().create_task(self.worker.warm_up())
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],

@@ -2,7 +2,8 @@
 
 Either check is off only when nothing is configured and ``HIVE_AUTH_DISABLED=1``; with
 nothing configured and auth not disabled, every request is refused, so a forgotten
-setting fails closed.
+setting fails closed. A token file (``HIVE_*_FILE``) is read again when it changes, so a
+rotation needs no restart; one that is missing or empty closes its door, never opens it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def check_api_key(settings: HiveSettings, authorization: str | None) -> str | No
     """None when allowed, else the reason for a 401."""
     keys = settings.current_api_keys()
     if not keys:
+        if settings.api_keys_file is not None:
+            return "HIVE_API_KEYS_FILE holds no key (missing, unreadable or empty): every request is refused"
         return None if settings.auth_disabled else "no API keys are configured (set HIVE_API_KEYS or HIVE_AUTH_DISABLED=1)"
     if _matches(bearer_token(authorization), keys):
         return None
@@ -43,9 +46,12 @@ def check_api_key(settings: HiveSettings, authorization: str | None) -> str | No
 
 
 def check_admin_token(settings: HiveSettings, authorization: str | None) -> str | None:
-    if not settings.admin_token:
+    tokens = settings.current_admin_tokens()
+    if not tokens:
+        if settings.admin_token_file is not None:
+            return "HIVE_ADMIN_TOKEN_FILE holds no token (missing, unreadable or empty): the admin is closed"
         return None if settings.auth_disabled else "no admin token is configured (set HIVE_ADMIN_TOKEN or HIVE_AUTH_DISABLED=1)"
-    if _matches(bearer_token(authorization), {settings.admin_token}):
+    if _matches(bearer_token(authorization), set(tokens)):
         return None
     return "invalid or missing admin token: send 'Authorization: Bearer <HIVE_ADMIN_TOKEN>'"
 
@@ -75,13 +81,14 @@ def node_monitor_token(secret: str, node_name: str) -> str:
 def monitor_token_node(settings: HiveSettings, authorization: str | None) -> str | None:
     """The node a per-node monitor token speaks for; None when the bearer is not a valid one."""
     token = bearer_token(authorization)
-    if not settings.monitor_token or token is None:
+    secrets = settings.current_monitor_secrets()
+    if not secrets or token is None:
         return None
     prefix, _, rest = token.partition(".")
     node = rest.rpartition(".")[0]
     if prefix != MONITOR_TOKEN_PREFIX or not valid_node_name(node):
         return None
-    return node if _matches(token, {node_monitor_token(settings.monitor_token, node)}) else None
+    return node if _matches(token, {node_monitor_token(secret, node) for secret in secrets}) else None
 
 
 def check_monitor_token(settings: HiveSettings, authorization: str | None) -> str | None:
@@ -90,16 +97,17 @@ def check_monitor_token(settings: HiveSettings, authorization: str | None) -> st
     ``HIVE_MONITOR_TOKEN`` itself is the secret the node tokens derive from, never a bearer:
     whoever held it could report for every node.
     """
-    if not settings.monitor_token:
-        return "no monitor token secret is configured (set HIVE_MONITOR_TOKEN on the hive)"
+    secrets = settings.current_monitor_secrets()
+    if not secrets:
+        return "no monitor token secret is configured (set HIVE_MONITOR_TOKEN or HIVE_MONITOR_TOKEN_FILE on the hive)"
     if monitor_token_node(settings, authorization) is not None:
         return None
-    if _matches(bearer_token(authorization), {settings.monitor_token}):
+    if _matches(bearer_token(authorization), set(secrets)):
         return ("HIVE_MONITOR_TOKEN is the hive's secret, not an agent's token: each monitor agent pushes with "
                 f"the token of its own node; {ISSUE_HINT}")
     return f"invalid or missing monitor token: send 'Authorization: Bearer <this node's monitor token>'; {ISSUE_HINT}"
 
 
 def warn_if_open(settings: HiveSettings, component: str) -> None:
-    if settings.auth_disabled and (not settings.admin_token or not settings.current_api_keys()):
+    if settings.auth_disabled and (not settings.current_admin_tokens() or not settings.current_api_keys()):
         log.warning("%s: authentication is DISABLED (HIVE_AUTH_DISABLED=1); do not expose this hive", component)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hive_apps.core.ports import parse_port_range
@@ -37,7 +38,9 @@ class HiveSettings(BaseSettings):
     admin_token: str | None = Field(None, description="Bearer token for /admin (required unless auth is disabled).")
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated API keys for /v1 and /<model_id>/v1.")
     api_keys_file: Path | None = Field(None, description="A file with one API key per line, re-read when it changes.")
+    admin_token_file: Path | None = Field(None, description="A file with the admin token (instead of HIVE_ADMIN_TOKEN; one a line, the old one beside the new while rotating), re-read when it changes.")
     monitor_token: str | None = Field(None, description="Secret the per-node monitor-agent tokens derive from (python -m hive_apps.ops.monitor issue-token, POST /admin/monitor-tokens); never a bearer itself.")
+    monitor_token_file: Path | None = Field(None, description="A file with the monitor secret (instead of HIVE_MONITOR_TOKEN; one a line, new tokens issued from the first), re-read when it changes.")
     auth_disabled: bool = Field(False, description="Allow requests where no token/key is configured (logs a warning).")
     memory_budget_fraction: float = Field(0.90, gt=0, le=1, description="Share of each device's memory the planner may use.")
     monitor_interval_s: float = Field(1.0, gt=0, description="Seconds between device samples of every node.")
@@ -54,6 +57,9 @@ class HiveSettings(BaseSettings):
     engine_port_range: Annotated[tuple[int, int] | None, NoDecode] = Field(
         None, description="e.g. 20000-20999: engine replicas listen on the first free port of this range "
                           "(for NetworkPolicies and firewalls); unset = any free port.")
+    default_demand_seqs: int = Field(0, ge=0, le=1024, description=(
+        "Sequences per replica a deploy without max_concurrency is sized for, packed onto a shared card; "
+        "0 = throughput-first: the most the free memory holds (a lone model is not grown back yet)."))
     hold_max_per_model: int = Field(64, ge=0, description="Requests that may wait for one sleeping model to wake; more get 429.")
     hold_timeout_s: float = Field(300.0, gt=0, description="Longest a request waits for a sleeping model to wake; then 503.")
     hold_keepalive_s: float = Field(5.0, gt=0, description="Seconds between SSE comment keep-alives sent to a streaming client that waits for a wake.")
@@ -62,6 +68,7 @@ class HiveSettings(BaseSettings):
     lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")
     scale_window_s: float = Field(30.0, gt=0, description="How long every replica must stay above 80 % (below 20 %) of its planned capacity before one is added (removed).")
     media_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated hosts chat requests may have engines fetch media from (http/https); empty = remote media off, data: URLs only.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated browser origins (https://app.example.com, or *) allowed to call /v1 and /<model_id>/v1 (CORS); empty = CORS off.")
     state_namespace: str = Field("ray-hive", min_length=1, description="Ray internal-KV namespace of the durable state.")
     kv_timeout_s: float = Field(10.0, gt=0, description="Deadline of one read or write of the durable state.")
     model_root: Path | None = Field(None, description="When set, a deploy's model folder must lie under it (a cached Hugging Face name is always allowed).")
@@ -72,7 +79,7 @@ class HiveSettings(BaseSettings):
                                             "each node: set it per node (a hostPath or PVC on Kubernetes).")
     fetch_workers: int = Field(8, ge=1, le=64, description="Files one node downloads at once for one model.")
 
-    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", mode="before")
+    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -86,6 +93,16 @@ class HiveSettings(BaseSettings):
             return [h.lower() for h in v]
         return v
 
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        """An origin is scheme://host[:port], as browsers send it; a path or a typo would match nothing."""
+        origins = [o.rstrip("/").lower() for o in v]
+        bad = [o for o in origins if o != "*" and not re.fullmatch(r"https?://[a-z0-9.\[\]:-]+", o)]
+        if bad:
+            raise ValueError(f"not an origin (scheme://host[:port], or *): {', '.join(bad)}")
+        return origins
+
     @field_validator("engine_port_range", mode="before")
     @classmethod
     def _port_range(cls, value: Any) -> Any:
@@ -93,10 +110,20 @@ class HiveSettings(BaseSettings):
             return None
         return parse_port_range(value) if isinstance(value, str) else value
 
-    @field_validator("admin_token", "monitor_token", "api_keys_file", "model_root", mode="before")
+    @field_validator("admin_token", "monitor_token", "api_keys_file", "admin_token_file", "monitor_token_file",
+                     "model_root", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: Any) -> Any:
         return None if v == "" else v
+
+    @model_validator(mode="after")
+    def _one_source_per_token(self) -> HiveSettings:
+        """A token in the environment beside its file would outlive every rotation of the file."""
+        for name in ("admin_token", "monitor_token"):
+            if getattr(self, name) and getattr(self, name + "_file") is not None:
+                var = ENV_PREFIX + name.upper()
+                raise ValueError(f"set {var} or {var}_FILE, not both")
+        return self
 
     @classmethod
     def from_env(cls) -> HiveSettings:
@@ -106,6 +133,9 @@ class HiveSettings(BaseSettings):
         except ValidationError as e:
             problems = []
             for err in e.errors():
+                if not err.get("loc"):  # a rule across variables: its message names them
+                    problems.append(err["msg"].removeprefix("Value error, "))
+                    continue
                 name = ENV_PREFIX + str(err["loc"][0]).upper() if err.get("loc") else "HIVE_*"
                 field = cls.model_fields.get(str(err["loc"][0])) if err.get("loc") else None
                 accepted = _accepted(field.annotation) if field else ""
@@ -114,7 +144,21 @@ class HiveSettings(BaseSettings):
 
     def current_api_keys(self) -> set[str]:
         """Keys from the environment plus the key file (re-read only when the file changes)."""
-        return set(self.api_keys) | _key_file.read(self.api_keys_file)
+        return set(self.api_keys) | set(_key_file.read(self.api_keys_file))
+
+    def current_admin_tokens(self) -> tuple[str, ...]:
+        """``HIVE_ADMIN_TOKEN``, or every line of ``HIVE_ADMIN_TOKEN_FILE`` as it is now (two lines
+        while a rotation is under way: the new token and the old one)."""
+        if self.admin_token_file is not None:
+            return _admin_file.read(self.admin_token_file)
+        return (self.admin_token,) if self.admin_token else ()
+
+    def current_monitor_secrets(self) -> tuple[str, ...]:
+        """``HIVE_MONITOR_TOKEN``, or every line of ``HIVE_MONITOR_TOKEN_FILE`` as it is now. Node
+        tokens derived from any of them are accepted; new ones are issued from the first."""
+        if self.monitor_token_file is not None:
+            return _monitor_file.read(self.monitor_token_file)
+        return (self.monitor_token,) if self.monitor_token else ()
 
 
 def _accepted(annotation: Any) -> str:
@@ -126,31 +170,31 @@ def _accepted(annotation: Any) -> str:
 
 
 class _KeyFile:
-    """The API-key file, parsed again only when its modification time or size changed."""
+    """A file of secrets, one a line, parsed again only when its modification time or size changed."""
 
     def __init__(self) -> None:
         self._stamp: tuple[Any, ...] | None = None
-        self._keys: set[str] = set()
+        self._keys: tuple[str, ...] = ()
 
-    def read(self, path: Path | None) -> set[str]:
+    def read(self, path: Path | None) -> tuple[str, ...]:
+        """Its non-empty lines that are not ``#`` comments, in order; none while it cannot be read."""
         if path is None:
-            return set()
+            return ()
         try:
             st = path.stat()
-        except OSError:
-            self._stamp, self._keys = None, set()
-            return set()
-        stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
-        # A file written twice within one mtime tick keeps its stamp: while the stamp is that
-        # young, read it again ("racy" stamps, as git treats its index).
-        if stamp != self._stamp or time.time() - st.st_mtime < RACY_S:
-            lines = path.read_text().splitlines()
-            self._keys = {s for s in (line.strip() for line in lines) if s and not s.startswith("#")}
-            self._stamp = stamp
+            stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+            # A file written twice within one mtime tick keeps its stamp: while the stamp is that
+            # young, read it again ("racy" stamps, as git treats its index).
+            if stamp != self._stamp or time.time() - st.st_mtime < RACY_S:
+                lines = (line.strip() for line in path.read_text().splitlines())
+                self._keys = tuple(dict.fromkeys(s for s in lines if s and not s.startswith("#")))
+                self._stamp = stamp
+        except (OSError, UnicodeDecodeError):
+            self._stamp, self._keys = None, ()
         return self._keys
 
 
-_key_file = _KeyFile()
+_key_file, _admin_file, _monitor_file = _KeyFile(), _KeyFile(), _KeyFile()
 
 
 @lru_cache(maxsize=1)

@@ -39,6 +39,13 @@ class Allocation(str, Enum):
     CONSERVE_TDP = "conserve_tdp"
 
 
+class Routing(str, Enum):
+    """How the model's router and the gateway pick a replica (``serving/routing/prefix.py``)."""
+
+    PREFIX = "prefix"  # the replica likely to hold the prompt's prefix in its cache, while it has planned room
+    LEAST_LOADED = "least_loaded"  # the lowest load relative to planned capacity, prefix ignored
+
+
 class ModelSpec(BaseModel):
     """Body of ``POST /admin/models`` and ``POST /admin/plan``."""
 
@@ -99,6 +106,11 @@ class ModelSpec(BaseModel):
                     "planner sizes max_num_seqs and the KV cache for that instead of the most a card allows, "
                     "prefers devices that hold it, and reports the tokens/s it plans for. Cannot be combined "
                     "with vllm_kwargs.max_num_seqs.",
+    )
+    routing: Routing = Field(
+        Routing.PREFIX,
+        description="prefix: send a request to the replica most likely to hold its prompt's prefix in the prefix "
+                    "cache, unless that replica is past its planned capacity; least_loaded: ignore prefixes.",
     )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 

@@ -22,8 +22,12 @@ def serve_logs(hive) -> str:
 
 
 def engine_line(text: str, request_id: str) -> bool:
-    """The engine's access line for `request_id` (the proxy's and router's lines carry the id too)."""
-    return any("request_id=" + request_id in ln and "/v1/chat/completions 200" in ln for ln in text.splitlines())
+    """The engine's line for `request_id` (the proxy's and router's lines carry the id too): its own
+    port's access line, or Serve's line for the call when the request went over a Serve handle (a
+    gateway replica's first request to a replica whose port it has not learnt yet)."""
+    return any(("request_id=" + request_id in ln and "/v1/chat/completions 200" in ln)
+               or ("_engine-r" in ln and request_id in ln and "CALL forward_" in ln and " OK " in ln)
+               for ln in text.splitlines())
 
 
 def wait_for_logs(hive, *needles: str, engine_id: str, timeout_s: float = 30) -> str:
@@ -184,3 +188,75 @@ def test_ray_dashboard_shows_each_engine_deployments_plan(clean):
     engine = apps["shown"]["deployments"]["engine-r0"]
     plan = engine["deployment_config"]["user_config"]["plan"]
     assert plan["devices"] == ["node-b:gpu1"] and plan["node"] == "node-b" and plan["max_num_seqs"] >= 1
+
+
+def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(clean, tmp_path):
+    """Issue 31: charts of the hive's own history, the why of a placement (rejected devices), sleep and
+    wake from the page, a value with markup drawn as text; saves the README's screenshot when
+    HIVE_STATUS_SCREENSHOT names a file."""
+    import os
+    import shutil
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    hive = clean
+    hostile = '<img src=x onerror="document.title=1">'
+    folder = tmp_path / hostile  # a model folder whose name is markup: the page shows it as the model's source
+    shutil.copytree(SIM_MODEL, folder)
+    r = hive.deploy(model_id="busy", model=SIM_MODEL, engine="sim", vllm_kwargs={"sim_tokens_per_s": 2000},
+                    gpu="node-b:gpu1")
+    assert r.status_code == 200, r.text
+    r = hive.deploy(model_id="napper", model=str(folder), engine="sim", sleep_timeout=3600,
+                    vllm_kwargs={"sim_tokens_per_s": 2000, "sim_sleep_mode": False})  # placed by the planner: some devices rejected
+    assert r.status_code == 200, r.text
+    body = {"model": "busy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(20):
+        assert hive.api.post("/v1/chat/completions", json=body).status_code == 200
+
+    browser = chromium()
+    try:
+        browser.get(hive.url + "/admin/")
+        browser.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#auth button").click()
+        wait = WebDriverWait(browser, 60, poll_frequency=0.5)
+        row = lambda m: browser.find_elements(By.CSS_SELECTOR, f'tr[data-model="{m}"]')  # noqa: E731
+        status = lambda m: row(m)[0].find_element(By.CSS_SELECTOR, "[data-status]").get_attribute("data-status")  # noqa: E731
+        wait.until(lambda _: row("busy") and row("napper"))
+
+        # history: the admin samples every 10 s; charts appear for the model and the devices, and show the traffic
+        wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="busy"] [data-chart^="requests/s"] polyline'))
+        assert browser.find_elements(By.CSS_SELECTOR, '[data-device="node-b:gpu1"] [data-chart] polyline')
+        hist = hive.admin.get("/history").json()
+        assert hist["models"]["busy"] and "node-b:gpu1" in hist["devices"], hist
+        assert "kept by the hive since" in browser.find_element(By.ID, "since").text
+
+        # a value with markup is text: no element came of it, and the tab's title is untouched
+        assert hostile in row("napper")[0].text
+        assert not browser.find_elements(By.CSS_SELECTOR, "#models img, #nodes img") and browser.title == "Ray Hive status"
+
+        # the why of a placement: the detail view lists the devices the planner did not choose
+        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="detail"]').click()
+        wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '[data-detail="napper"] [data-plan-replica="r0"]'))
+        rejected = {e.get_attribute("data-rejected") for e in browser.find_elements(By.CSS_SELECTOR, "[data-rejected]")}
+        api_rejected = {x["device"] for x in hive.admin.get("/models/napper").json()["rejected"]}
+        assert rejected == api_rejected, (rejected, api_rejected)
+
+        # sleep now, then wake now, from the page (sleeping drops no traffic: no confirmation asked)
+        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="sleep"]').click()
+        wait.until(lambda _: status("napper") == "sleeping" and row("napper")[0].find_elements(By.CSS_SELECTOR, "[data-action=wake]"))
+        assert row("napper")[0].find_element(By.CSS_SELECTOR, "[data-status] time").get_attribute("title")  # "for 3 s", hover: when
+        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="wake"]').click()
+        wait.until(lambda _: status("napper") == "ready")
+        assert hive.admin.get("/models/napper").json()["last_wake"] is not None
+        if os.environ.get("HIVE_STATUS_SCREENSHOT"):
+            browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
+
+        # a refused action shows the API's message: delete asks first (it drops traffic), then goes
+        row("busy")[0].find_element(By.CSS_SELECTOR, '[data-action="delete"]').click()
+        browser.switch_to.alert.accept()
+        wait.until(lambda _: not row("busy"))
+        assert "delete busy" in browser.find_element(By.ID, "notice").text
+        assert "refresh failed" not in browser.find_element(By.ID, "state").text
+    finally:
+        browser.quit()

@@ -1,5 +1,6 @@
 """Router behaviour on the simulated cluster: backpressure and failover."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,11 +11,21 @@ from tests.cluster.conftest import SIM_MODEL
 pytestmark = pytest.mark.cluster
 
 
+def wait_routed(hive, model_id: str, timeout_s: float = 30) -> None:
+    """Until Serve's proxy routes ``/<model_id>``: it learns a new app's route from Serve's controller
+    on its own schedule, which can trail the deploy's ready by seconds on a loaded box (``/v1``, the
+    hive's own gateway, routes a ready model at once)."""
+    deadline = time.time() + timeout_s
+    while hive.api.get(f"/{model_id}/v1/models").status_code == 404 and time.time() < deadline:
+        time.sleep(0.2)
+
+
 def test_full_model_answers_429_with_retry_after(clean):
     hive = clean
     r = hive.deploy(model_id="narrow", model=SIM_MODEL, engine="sim", gpu="node-b:gpu1", max_queued_requests=2,
                     vllm_kwargs={"max_num_seqs": 2, "sim_tokens_per_s": 20})
     assert r.status_code == 200, r.text
+    wait_routed(hive, "narrow")
     body = {"model": "narrow", "max_tokens": 30, "messages": [{"role": "user", "content": "slow"}]}
     with ThreadPoolExecutor(max_workers=10) as pool:
         answers = list(pool.map(lambda _: hive.api.post("/narrow/v1/chat/completions", json=body), range(10)))

@@ -1,5 +1,7 @@
 """Small builders shared by the unit tests."""
 
+import time
+
 from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.types import EngineSettings, MemoryBreakdown, ReplicaPlan
 
@@ -12,3 +14,17 @@ def replica_plan(max_num_seqs: int = 4, max_model_len: int = 512, **engine_kwarg
         memory=MemoryBreakdown(weights=1, kv_cache=1, activations=1, overhead=1),
         reservation_bytes=4, engine_kwargs=engine_kwargs,
     )
+
+
+class ManualClock:
+    """Wall time that moves only when a test says so: pass it as the registry's, the reconciler's
+    and the lifecycle's ``clock``, then ``advance`` past a deadline instead of editing records."""
+
+    def __init__(self, now: float | None = None):
+        self.now = time.time() if now is None else now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

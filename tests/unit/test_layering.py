@@ -35,9 +35,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("planning", ("core.planning",)),
     # pure state and rules: the registry's ledger, records and transitions, the lifecycle rules, and
     # routing's rules (which replicas are live, replica choice, prompt splitting, allowed paths and media URLs)
-    ("rules", ("core.state", "core.lifecycle",
+    ("rules", ("core.state", "core.lifecycle", "core.history",
                "serving.routing.liveness", "serving.routing.policy", "serving.routing.split", "serving.routing.paths",
-               "serving.routing.media")),
+               "serving.routing.media", "serving.routing.prefix")),
     # the seam to Ray / Serve, and the metrics every Ray process publishes
     ("seam", ("control.cluster", "ops.metrics")),
     # serving: engine replicas, then the routers in front of them
@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # ``core`` is pure: the folder says so.
 PURE = ("core", "control.registry.monitor", "control.registry.samples",
         "serving.routing.liveness", "serving.routing.policy", "serving.routing.split", "serving.routing.paths",
-        "serving.routing.media", "serving.engine.protocol")
+        "serving.routing.media", "serving.routing.prefix", "serving.engine.protocol")
 PURE_EXCEPT: tuple[str, ...] = ()
 # The planner also runs where vLLM is not installed (core/planning/profile/vllm_registry.py)
 FORBIDDEN = {"ray": PURE, "vllm": ("core.planning",), "torch": ("core.planning",)}

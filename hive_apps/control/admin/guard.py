@@ -86,5 +86,5 @@ class AdminGuard:
             monitor = check_monitor_token(settings, authorization)
             if monitor is None:
                 return None
-            reason = monitor if settings.monitor_token else reason
+            reason = monitor if settings.current_monitor_secrets() else reason
         return (401, reason) if reason else None

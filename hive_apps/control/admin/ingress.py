@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hive_apps.control.admin import status_page
 from hive_apps.control.admin.guard import AdminGuard
+from hive_apps.control.admin.history import HistoryKeeper
 from hive_apps.control.admin.lifecycle import Lifecycle
 from hive_apps.control.admin.reconciler import Reconciler
 from hive_apps.control.admin.schemas import ModelStatusResponse, MonitorToken, MonitorTokenRequest, error_responses
@@ -34,7 +35,7 @@ from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.ledger import DeviceState
 from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
-from hive_apps.core.state.transitions import Create, Delete
+from hive_apps.core.state.transitions import Create, Delete, Sleep, Wake
 from hive_apps.core.weights.types import SourceError
 
 log = logging.getLogger("ray.serve")
@@ -63,12 +64,14 @@ class AdminService(ControlPlane):
 
     def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time):
         self.cluster, self.settings, self.clock = cluster, settings, clock
-        self.lifecycle = Lifecycle(cluster, settings)
-        self.reconciler = Reconciler(cluster, settings, self.lifecycle)
+        self.lifecycle = Lifecycle(cluster, settings, clock)
+        self.reconciler = Reconciler(cluster, settings, self.lifecycle, clock=clock)
         self.caches = NodeCaches(cluster)
         self.records: list[ModelRecord] = []  # as the registry last announced them
+        self.history = HistoryKeeper(cluster, settings, self.lifecycle, clock)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._watch_records()), loop.create_task(self._lifecycle_loop())]
+        self._tasks = [loop.create_task(self._watch_records()), loop.create_task(self._lifecycle_loop()),
+                       loop.create_task(self.history.run())]
 
     def close(self) -> None:
         """Stop the loops and the reconciler's (tests; a Serve replica just ends)."""
@@ -285,6 +288,37 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
             raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return await admin.deleted([model_id], single=True)
 
+    # --- sleep and wake now (the status page's buttons) -----------------------------------
+    @app.post("/models/{model_id}/sleep", status_code=202, responses=error_responses(401, 404, 409, 422))
+    async def sleep_model(model_id: str):
+        """Put a serving model to sleep now, as its sleep_timeout would: it drains, then sleeps; the
+        next request wakes it (422 for a model deployed without sleep_timeout)."""
+        rec = await admin.registry.get_model.remote(model_id)
+        if rec is None:
+            raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
+        outcome = await admin.registry.transition.remote(Sleep(
+            model_id=model_id, version=rec.version, reason="put to sleep by an operator (POST /admin/models/{id}/sleep)"))
+        if not outcome.ok:
+            raise AdminError(outcome.status_code, outcome.message, "model_id")
+        admin.reconciler.ensure(model_id)
+        return admin.status(outcome.record).model_dump(mode="json")
+
+    @app.post("/models/{model_id}/wake", status_code=202, responses=error_responses(401, 404, 409))
+    async def wake_model(model_id: str):
+        """Wake a sleeping model now, as its next request would (a serving one stays as it is)."""
+        outcome = await admin.registry.transition.remote(Wake(model_id=model_id))
+        if not outcome.ok:
+            raise AdminError(outcome.status_code, outcome.message, "model_id")
+        admin.reconciler.ensure(model_id)
+        return admin.status(outcome.record).model_dump(mode="json")
+
+    @app.get("/history", responses=error_responses(401))
+    async def history():
+        """The last hour and a half, in one-minute points: each model's requests/s, running and waiting
+        against planned capacity, its wakes; each device's reserved, used and dormant memory. Kept by the
+        admin and stored in the KV each minute; ``since`` and ``restarts`` say where it may have gaps."""
+        return admin.history.view()
+
     @app.delete("/models", responses=error_responses(401))
     async def delete_all():
         ids = [r.model_id for r in await admin.registry.list_models.remote()]
@@ -369,12 +403,14 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
 
     @app.post("/monitor-tokens", response_model=MonitorToken, responses=error_responses(400, 401, 409, 413, 422))
     async def issue_monitor_token(body: MonitorTokenRequest):
-        """The monitor token of one node (derived from ``HIVE_MONITOR_TOKEN``): give it to that node's
-        agent only; it pushes samples of that node and opens nothing else."""
-        if not settings.monitor_token:
-            raise AdminError(409, "no HIVE_MONITOR_TOKEN is set on the hive: set that secret on every Ray node, "
-                                  "then issue node tokens from it")
-        token = MonitorToken(node_name=body.node_name, token=node_monitor_token(settings.monitor_token, body.node_name))
+        """The monitor token of one node (derived from ``HIVE_MONITOR_TOKEN``, or the first secret of
+        ``HIVE_MONITOR_TOKEN_FILE``): give it to that node's agent only; it pushes samples of that node
+        and opens nothing else."""
+        secrets = settings.current_monitor_secrets()
+        if not secrets:
+            raise AdminError(409, "no HIVE_MONITOR_TOKEN (or HIVE_MONITOR_TOKEN_FILE) is set on the hive: set that "
+                                  "secret on every Ray node, then issue node tokens from it")
+        token = MonitorToken(node_name=body.node_name, token=node_monitor_token(secrets[0], body.node_name))
         return JSONResponse(token.model_dump(), headers={"cache-control": "no-store"})
 
     @app.post("/registry/reset", responses=error_responses(401))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from pydantic import BaseModel
@@ -52,6 +53,7 @@ class ReplicaLoad(BaseModel):
     waiting: int
     capacity: int  # planned max_num_seqs
     kv_cache_usage: float
+    requests_total: int = 0  # taken since its engine started (the admin's history counts per minute from it)
 
 
 class Room(BaseModel):
@@ -83,7 +85,8 @@ def fits_in_place(plan: Plan, devices: list[DeviceCapacity]) -> PlanOutcome:
 
 
 class Lifecycle(ControlPlane):
-    def __init__(self, cluster: Cluster, settings: HiveSettings):
+    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time):
+        self.clock = clock  # wall time, as the registry stamps records with it
         self.cluster = cluster
         self.settings = settings
         self.activity: dict[str, Activity] = {}
@@ -124,7 +127,8 @@ class Lifecycle(ControlPlane):
         loads = await self._loads(rec, [rp.index for rp in live])
         return {names.replica_label(rp.index): ReplicaLoad(running=ld.running, waiting=ld.waiting,
                                                            capacity=rp.settings.max_num_seqs,
-                                                           kv_cache_usage=ld.kv_cache_usage)
+                                                           kv_cache_usage=ld.kv_cache_usage,
+                                                           requests_total=ld.requests_total)
                 for rp, ld in zip(live, loads) if not isinstance(ld, Exception)}
 
     async def _loads(self, rec: ModelRecord, indices: list[int]) -> list[EngineLoad | Exception]:
@@ -140,7 +144,7 @@ class Lifecycle(ControlPlane):
     # --- sleep and destroy --------------------------------------------------------------
     async def tick(self, records: list[ModelRecord]) -> list[str]:
         """One look at every model that has a timeout; the ids it asked transitions for."""
-        now, asked = time.time(), []
+        now, asked = self.clock(), []
         self.forget({r.model_id for r in records if r.status in SERVING and r.resident})
         self.clocks = {k: c for k, c in self.clocks.items() if k in self.activity}
         for rec in records:
@@ -245,7 +249,7 @@ class Lifecycle(ControlPlane):
         Models already draining count as freed: their memory is on its way back, so a retry
         never evicts more than needed. A victim whose sleep the registry refuses (its record moved
         on since it was read) is neither reported nor waited for: the search goes on without it."""
-        now = time.time()
+        now = self.clock()
         records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
         devices = await self.registry.capacities.remote()
         outcome = await self._plan_with(spec, devices, {}, as_asked, in_place, weights)

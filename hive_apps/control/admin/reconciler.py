@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from hive_apps.control.admin.failures import failure_reason
@@ -69,8 +69,9 @@ def is_model_app(state: AppState) -> bool:
 
 class Reconciler(ControlPlane):
     def __init__(self, cluster: Cluster, settings: HiveSettings, lifecycle: Lifecycle,
-                 apply_grace_s: float = APPLY_GRACE_S):
+                 apply_grace_s: float = APPLY_GRACE_S, clock: Callable[[], float] = time.time):
         self.cluster = cluster
+        self.clock = clock  # wall time, as the registry stamps records with it
         self.settings = settings
         self.lifecycle = lifecycle
         self.apply_grace_s = apply_grace_s
@@ -193,12 +194,12 @@ class Reconciler(ControlPlane):
         state = await self._app_state(rec.model_id)
         if not rec.resident or not any(names.is_engine_deployment(d) for d in state.deployments):
             return
-        deadline = time.time() + self.settings.drain_grace_s
+        deadline = self.clock() + self.settings.drain_grace_s
         while True:
-            act = await self.lifecycle.read(rec, time.time(), indices)
+            act = await self.lifecycle.read(rec, self.clock(), indices)
             if act is None or act.in_flight == 0:
                 return
-            if time.time() >= deadline:
+            if self.clock() >= deadline:
                 log.warning("%s: %d requests still in flight after the drain grace (HIVE_DRAIN_GRACE_S=%g)",
                             rec.model_id, act.in_flight, self.settings.drain_grace_s)
                 return
@@ -284,7 +285,7 @@ class Reconciler(ControlPlane):
 
     async def _wake(self, rec: ModelRecord) -> float | None:
         """A parked model must run again: plan it where there is room, making room if need be."""
-        waited = time.time() - (rec.wake_requested_at or time.time())
+        waited = self.clock() - (rec.wake_requested_at or self.clock())
         if waited > self.settings.hold_timeout_s:
             await self._ask(t.WakeFailed(model_id=rec.model_id, version=rec.version,
                             reason=f"no room within {self.settings.hold_timeout_s:.0f}s (HIVE_HOLD_TIMEOUT_S)"))
@@ -318,17 +319,17 @@ class Reconciler(ControlPlane):
                     self.ensure(model_id)
                 message = f"waking: waiting for {', '.join(room.waiting_for)} to go to sleep to make room"
             elif room.retry_at is not None:
-                message = f"waking: {room.error}; trying again in {room.retry_at - time.time():.0f}s"
+                message = f"waking: {room.error}; trying again in {room.retry_at - self.clock():.0f}s"
             else:
                 await self._ask(t.WakeFailed(model_id=rec.model_id, version=rec.version, reason=room.error))
                 return 0.0
             if rec.message != message:
                 await self._ask(t.Note(model_id=rec.model_id, version=rec.version, message=message))
-            return POLL_S if room.retry_at is None else max(POLL_S, room.retry_at - time.time())
+            return POLL_S if room.retry_at is None else max(POLL_S, room.retry_at - self.clock())
         reservations = [Reservation.for_replica(rec.model_id, rp) for rp in room.plan.replicas]
         plan = room.plan.model_copy(update={"weights": rec.plan.weights})  # the revision its deploy pinned
         await self._ask(t.Placed(model_id=rec.model_id, version=rec.version, plan=plan, reservations=reservations,
-                        placement_s=time.time() - (rec.wake_requested_at or time.time()),
+                        placement_s=self.clock() - (rec.wake_requested_at or self.clock()),
                         evicted=sorted(self.evicted_for.pop(rec.model_id, set()))))
         return 0.0
 
@@ -383,7 +384,7 @@ class Reconciler(ControlPlane):
         watched = live if fresh else rec.healing_replicas
         state = await self._app_state(rec.model_id)
         if rec.status is ModelStatus.WAKING and not any(names.is_engine_deployment(d) for d in state.deployments) \
-                and time.time() - rec.applied_at >= self.apply_grace_s:
+                and self.clock() - rec.applied_at >= self.apply_grace_s:
             await self._ask(t.Parked(model_id=rec.model_id))  # it parked before the wake was seen: place it again
             return 0.0
         if state.status == "MISSING":  # removed behind our back: build it again
@@ -400,10 +401,10 @@ class Reconciler(ControlPlane):
                                 warm_up_s=times("warm_up_s")))
                 return 0.0  # degraded models go on to heal
         # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
-        settled = time.time() - rec.applied_at >= self.apply_grace_s
+        settled = self.clock() - rec.applied_at >= self.apply_grace_s
         broken = [d for d in deployments if state.deployments.get(d) in BROKEN] if settled else []
         # the deadline counts from the build: fetching the weights before it is bounded by its own retries
-        late = time.time() > max(rec.starting_since, rec.applied_at) + self.settings.deploy_timeout_s
+        late = self.clock() > max(rec.starting_since, rec.applied_at) + self.settings.deploy_timeout_s
         if not broken and not late:
             return POLL_S
         messages = [state.message] + [state.deployment_messages.get(d, "") for d in deployments]
@@ -448,7 +449,7 @@ class Reconciler(ControlPlane):
             if note not in rec.message:
                 await self._ask(t.Note(model_id=rec.model_id, version=rec.version, message=f"{rec.message}; {note}"))
             return None
-        wait = rec.next_heal_at - time.time()
+        wait = rec.next_heal_at - self.clock()
         if wait > 0:
             return wait
         lost = sorted(names.replica_index(k) for k in rec.lost_replicas)
@@ -457,7 +458,7 @@ class Reconciler(ControlPlane):
         outcome = await self.planner.plan.remote(spec, devices, weights=rec.plan.weights)
         if outcome.plan is None:
             wait = heal_backoff_s(rec.heal_attempts + 1, self.settings.heal_backoff_max_s)
-            await self._ask(t.Note(model_id=rec.model_id, version=rec.version, next_heal_at=time.time() + wait,
+            await self._ask(t.Note(model_id=rec.model_id, version=rec.version, next_heal_at=self.clock() + wait,
                             message=f"no capacity to replace {sorted(rec.lost_replicas)} yet "
                                     f"(next try in {wait:.0f}s): {outcome.error}"))
             return wait

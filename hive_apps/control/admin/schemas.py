@@ -27,6 +27,7 @@ class ModelStatusResponse(BaseModel):
     model_id: str
     model: str
     engine: str
+    routing: str = "prefix"  # the spec's routing: prefix | least_loaded
     status: ModelStatus
     # the lifecycle as one typed value: phase (= status), residency, replicas, destroy (records.ModelState;
     # the flags below stay as they were); None only for a stored record whose flags make no state
@@ -46,6 +47,8 @@ class ModelStatusResponse(BaseModel):
     resident: bool = True  # its replicas hold memory (False while parked)
     sleep_mode: SleepMode | None = None  # how it sleeps, while sleeping or waking
     sleep_reason: str = ""
+    can_sleep: bool = False  # it has a sleep_timeout: POST /admin/models/{id}/sleep may put it to sleep now
+    slept_at: float | None = None  # epoch seconds it began to sleep (its message says no time: the page shows "for 3 min")
     last_request_at: float | None = None  # as last reported when it went to sleep
     last_wake: WakeReport | None = None  # how the last wake went: placement, engine start, warm-up
     policy_warning: str = ""  # stored before today's settings or code refused its spec: it keeps running until deleted
@@ -66,6 +69,7 @@ class ModelStatusResponse(BaseModel):
             model_id=rec.model_id,
             model=rec.spec.model,
             engine=rec.spec.engine.value,
+            routing=rec.spec.routing.value,
             status=rec.status,
             state=_state(rec),
             message=rec.message,
@@ -89,6 +93,8 @@ class ModelStatusResponse(BaseModel):
             resident=rec.resident,
             sleep_mode=rec.sleep_mode,
             sleep_reason=rec.sleep_reason,
+            can_sleep=rec.spec.can_sleep,
+            slept_at=rec.slept_at if rec.status is ModelStatus.SLEEPING else None,
             last_request_at=rec.last_request_at,
             last_wake=rec.last_wake,
         )

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
@@ -83,9 +83,12 @@ class StartLockState(BaseModel):
 
 
 class Registry:
-    async def __init__(self, settings: HiveSettings | None = None):  # type: ignore[misc]  # Serve awaits it
-        """Serve awaits this; so do the unit tests (``Registry.__new__`` then ``await __init__``)."""
+    async def __init__(self, settings: HiveSettings | None = None,  # type: ignore[misc]  # Serve awaits it
+                       clock: Callable[[], float] = time.time):
+        """Serve awaits this; so do the unit tests (``Registry.__new__`` then ``await __init__``).
+        ``clock``: wall time, which transitions stamp records with and samples age by."""
         self.settings = settings or get_settings()
+        self.clock = clock
         self.cluster = get_cluster()
         self.ledger = Ledger(self.settings.memory_budget_fraction)
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
@@ -94,7 +97,7 @@ class Registry:
         self.book = ModelBook(self.ledger, [s.record for s in stored])
         # Followers long-poll with the last version they saw; a restarted registry starts past any
         # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
-        self.book.version = int(time.time() * 1000)
+        self.book.version = int(time.time() * 1000)  # real time, whatever the clock: it orders processes
         await self._restore(stored, await load(RESERVATION_KEY, Reservation.model_validate_json))
         for rec in self.book.records.values():
             if rec.policy_warning:
@@ -170,7 +173,7 @@ class Registry:
         drift = self.book.drift(self.ledger.drifted())
         if drift:
             await self._persist(drift)
-        self.last_sample_at = time.time()
+        self.last_sample_at = self.clock()
         self.sampled.set()
         metrics.publish_registry(await self.device_states(), list(self.ledger.reservations.values()), self.book.list())
 
@@ -180,7 +183,7 @@ class Registry:
         container is not where the node's engines and sleepers live."""
         pushed = self.pushed.get(sample.node_name)
         ttl = max(5.0, 3 * self.settings.monitor_interval_s)
-        if pushed is None or time.time() - pushed.sampled_at > ttl:
+        if pushed is None or self.clock() - pushed.sampled_at > ttl:
             return sample
         gpus = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices if d.kind.is_gpu]
         devices = gpus + [d for d in sample.devices if not d.kind.is_gpu]
@@ -202,7 +205,7 @@ class Registry:
         problems = node_problems(sample, self.in_ray[node_id], self.labels.get(node_id, {}))
         if problems:
             return Outcome(ok=False, status_code=422, message="sample refused: " + "; ".join(problems))
-        self.pushed[sample.node_name] = sample.model_copy(update={"sampled_at": time.time(), "source": "agent"})
+        self.pushed[sample.node_name] = sample.model_copy(update={"sampled_at": self.clock(), "source": "agent"})
         return Outcome(ok=True)
 
     async def node_states(self) -> list[NodeState]:
@@ -210,7 +213,7 @@ class Registry:
         return [self.ledger.node_state(s) for s in sorted(self.nodes.values(), key=lambda s: s.node_name)]
 
     async def _expire_pending(self) -> None:
-        gone = self.ledger.expire_pending(time.time(), self.settings.pending_reservation_ttl_s)
+        gone = self.ledger.expire_pending(self.clock(), self.settings.pending_reservation_ttl_s)
         for r in gone:
             log.warning("released %s: its engine never came up", r.key)
         if gone:
@@ -280,7 +283,7 @@ class Registry:
         model_id = msg.model_id
         kwargs = rule.arguments(msg)
         if rule.takes_now:
-            kwargs["now"] = time.time()
+            kwargs["now"] = self.clock()
         kwargs.update({k: getattr(self.settings, v) for k, v in rule.settings.items()})
         before = self.book.get(model_id)  # a copy: for the lifecycle metrics
         try:
@@ -330,7 +333,7 @@ class Registry:
         return {"devices": len(self.ledger.devices), "reservations": len(self.ledger.reservations)}
 
     async def healthz(self) -> dict:
-        return {"devices": len(self.ledger.devices), "last_sample_age_s": round(time.time() - self.last_sample_at, 2),
+        return {"devices": len(self.ledger.devices), "last_sample_age_s": round(self.clock() - self.last_sample_at, 2),
                 "book_version": self.book.version}
 
 

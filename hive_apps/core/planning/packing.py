@@ -8,7 +8,7 @@ the deploy *jointly* with the pending ones and keeps only the deploy's own part:
 
 1. Fit first. Every deploy gets its smallest GPU footprint (``FLOOR_SEQS`` sequences where a
    whole eligible GPU holds that many, else one; its ``max_concurrency`` or a fixed
-   ``max_num_seqs`` when given) by best-fit decreasing: the largest footprint first, each
+   ``max_num_seqs`` when given; the default demand is no bound here) by best-fit decreasing: the largest footprint first, each
    onto the eligible GPU with the least room that still holds it.
 2. Then throughput. The memory left on each GPU goes, one step of sequences (about 12 %) at
    a time, to the resident whose utility gains most per byte; a local search then moves one
@@ -48,7 +48,7 @@ from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.memory import Frame
 from hive_apps.core.planning.placement import PLACEMENT_POLICY_KEY, capacity, kind_problem, taint_problem
 from hive_apps.core.planning.profile import ModelProfile
-from hive_apps.core.planning.sizing import Sizer
+from hive_apps.core.planning.sizing import FLOOR_SEQS, Sizer
 from hive_apps.core.planning.throughput import Perf, device_perf
 from hive_apps.core.planning.types import DeviceCapacity, PlanningError
 from hive_apps.core.spec import ModelSpec
@@ -64,7 +64,6 @@ MAX_PENDING = 32
 MAX_ROUNDS = 50
 SEARCH_BUDGET_S = 0.5  # the local search stops improving after this long
 RANK_TOKENS = 2048
-FLOOR_SEQS = 4
 POOLING_GROWTH = 0.10  # a pooling model takes the sequences that cost at most 10 % (or 512 MiB) more than one
 POOLING_GROWTH_BYTES = 512 * 1024**2  # a generate model in a joint plan starts from this many sequences where a GPU holds them
 LADDER = tuple(sorted({max(1, round(1.125 ** k)) for k in range(0, 60)}))  # ~12 % steps up to ~1200
@@ -158,7 +157,7 @@ def _item(key: str, spec: ModelSpec, profile: ModelProfile, sizer: Sizer,
     try:
         tokens = max(RANK_TOKENS, sizer.token_candidates(False)[0])
         frame = sizer.frame(False, 1, tokens)
-        cap = sizer.seq_cap(False, tokens)
+        cap = sizer.seq_cap(False, tokens, ceiling=True)  # spare memory may take it past the default demand
         pooling = profile.runner == "pooling" or sizer.output_len == 0
         fixed = None
         if sizer.ov.max_num_seqs or sizer.seq_target or frame.per_seq == 0 or sizer.ov.kv_cache_memory_bytes:

@@ -170,19 +170,22 @@ def dtype_note(profile: ModelProfile, dc: DeviceCapacity) -> str | None:
     return None
 
 
-def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None = None) -> tuple[Any, ...]:
+def policy_key(dc: DeviceCapacity, allocation: Allocation, speed: SpeedFn | None = None, *,
+               pack: bool = False) -> tuple[Any, ...]:
     """Sort key, best first.
 
     performance: the planner's expected tokens/s of *this model* on the device (``speed``: a
     roofline over bandwidth and compute, so an H100 ranks above an A100-80GB above an L40S for
     decode-heavy work, where raw TFLOPS would put the L40S first), then bandwidth, then room;
-    without ``speed``: fp16 TFLOPS, then bandwidth. conserve_tdp: low TDP, then SMs.
+    without ``speed``: fp16 TFLOPS, then bandwidth. conserve_tdp: low TDP, then SMs. ``pack``: the
+    least room last instead of the most (best fit among equals).
     """
     d = dc.device
+    room = dc.available_bytes if pack else -dc.available_bytes
     if allocation is Allocation.CONSERVE_TDP:
-        return (d.tdp_w if d.tdp_w is not None else 10_000, -(d.sm_count or 0), -dc.available_bytes)
+        return (d.tdp_w if d.tdp_w is not None else 10_000, -(d.sm_count or 0), room)
     first = -speed(dc) if speed is not None else -(d.fp16_tflops or 0.0)
-    return (first, -(d.memory_bandwidth_gbps or 0.0), -dc.available_bytes)
+    return (first, -(d.memory_bandwidth_gbps or 0.0), room)
 
 
 _POLICY_HELP = ("give an importable 'package.module.ClassName' whose ClassName() (no arguments) has "
@@ -312,11 +315,17 @@ def place_pinned(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelP
 def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, need: NeedFn,
                tp_override: int | None, *, budget_is_applied: bool = True,
                speed: SpeedFn | None = None,
-               policy: UserPolicy | None = None) -> tuple[list[Placement], list[Rejection]]:
+               policy: UserPolicy | None = None, pack: bool = False,
+               single_gpu: bool = False) -> tuple[list[Placement], list[Rejection]]:
     """Choose devices for ``spec.replicas`` replicas (or every eligible device for -1).
 
-    ``policy`` (a user policy) orders the devices instead of ``spec.allocation``.
+    ``policy`` (a user policy) orders the devices instead of ``spec.allocation``. ``pack`` (a
+    deploy sized for its demand, built-in policies only): other models' replicas do not push a
+    device down, and among equally ranked devices the one with the least room that holds the
+    replica wins, so the largest holes stay whole for the models that need them. ``single_gpu``: no
+    tensor parallelism and no CPU (a demand worth asking for before those).
     """
+    pack = pack and policy is None
     reasons: dict[str, str] = {}
     gpus: list[DeviceCapacity] = []
     cpus: list[DeviceCapacity] = []
@@ -341,24 +350,24 @@ def place_auto(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelPro
             return (rank_of[dc.device.id],)
     else:
         def key(dc: DeviceCapacity) -> tuple[Any, ...]:
-            return policy_key(dc, spec.allocation, speed)
+            return policy_key(dc, spec.allocation, speed, pack=pack)
 
     want_all = spec.replicas == -1
     tp1 = tp_override in (None, 1)
     placements: list[Placement] = []
 
     if tp1:
-        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1, key=key)
-    if not placements and gpus:
+        placements = _single(gpus, spec, need(False, 1), reasons, budget_is_applied, tp=1, key=key, pack=pack)
+    if not placements and gpus and not single_gpu:
         placements = _tensor_parallel(gpus, spec, profile, need, tp_override, reasons, budget_is_applied, key)
-    if not placements and cpus:
+    if not placements and cpus and not single_gpu:
         tp = tp_override or 1
         problem = profile.tp_problem(tp)
         if problem:
             for dc in cpus:
                 reasons[dc.device.id] = problem
         else:
-            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp, key=key)
+            placements = _single(cpus, spec, need(True, tp), reasons, budget_is_applied, tp=tp, key=key, pack=pack)
             note = ("no GPU can hold a replica; placed on CPU" if gpus else "no GPU in the registry; placed on CPU")
             for p in placements:
                 p.notes.append(note)
@@ -383,8 +392,9 @@ def _nothing_fits(spec: ModelSpec, devices: list[DeviceCapacity], rejected: list
 
 
 def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dict[str, str],
-            budget_is_applied: bool, *, tp: int, key: KeyFn) -> list[Placement]:
-    """One replica per chosen device; free devices first, then co-location where memory allows."""
+            budget_is_applied: bool, *, tp: int, key: KeyFn, pack: bool = False) -> list[Placement]:
+    """One replica per chosen device; free devices first (``pack``: devices without this plan's replicas),
+    then co-location where memory allows."""
     fitting: list[tuple[tuple[Any, ...], int, DeviceCapacity, int]] = []
     for i, dc in enumerate(pool):
         cap = capacity(dc, budget_is_applied=budget_is_applied)
@@ -399,7 +409,7 @@ def _single(pool: list[DeviceCapacity], spec: ModelSpec, need: int, reasons: dic
         return [Placement(devices=[f[2]], tp=tp) for f in fitting]
 
     # heap of (replicas already on the device, policy, index): spread first, then co-locate
-    heap = [(len(dc.hive_replicas), k, i) for k, i, dc, _ in fitting]
+    heap = [(0 if pack else len(dc.hive_replicas), k, i) for k, i, dc, _ in fitting]
     heapq.heapify(heap)
     by_index = {i: (dc, cap) for _, i, dc, cap in fitting}
     shares: dict[int, int] = defaultdict(int)

@@ -32,7 +32,20 @@ Demand. The sizing rule, in order:
   apply); placement prefers a device that holds them, and where none does, the replica gets
   the most that fit and a note saying so. ``vllm_kwargs.max_num_seqs`` is the per-replica
   override and cannot be combined with it.
-* nothing pending: throughput-first for the model alone, as above.
+* no ``max_concurrency``, with ``demand_seqs`` (HIVE_DEFAULT_DEMAND_SEQS, off by default; issue
+  33): sized for that demand all the same, so the first deploy onto an empty card does not take
+  it: ``demand_seqs`` sequences per replica at the declared lengths (``DEFAULT_SEQS`` = 16 packs
+  bench_packing.py's catalog one at a time), never below ``FLOOR_SEQS`` = 4; the search above runs with that cap (so the 2 % knee may trim it, not below
+  the floor). Sequences without KV (encoders) and fixed ``max_num_seqs``, ``kv_cache_memory_bytes``
+  or ``gpu_memory_utilization`` are not capped. Throughput-first is only the ceiling: a demand of
+  ``GPU_MAX_SEQS`` reaches it, and the joint plan below gives spare memory up to it.
+* nothing pending, no ``max_concurrency``, no ``demand_seqs``: throughput-first for the model alone,
+  as above (until a model sized for a demand can grow back when it needs to, issue 33).
+* placement of a demand-sized deploy packs (``placement.py``): the fastest card that holds the
+  demand whatever else runs there, the fullest of equal cards, so whole cards stay free for models
+  only they hold; then the floor on one GPU; tensor parallelism or the CPU only when no GPU holds
+  one sequence (a declared demand may take them at once). Throughput-first deploys (fixed
+  ``max_num_seqs`` etc.) and user policies keep unshared-first.
 * deploys pending (``pending=``): the deploy is planned jointly with them (``packing.py``):
   fit first (best-fit decreasing on their smallest footprints), then the spare memory where
   it buys the most (square root of each deploy's planned tokens/s), and the deploy takes its
@@ -94,7 +107,8 @@ from hive_apps.core.vllm_args import legacy_task
 
 def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: ModelProfile, *,
                     budget_is_applied: bool = True,
-                    pending: Sequence[tuple[ModelSpec, ModelProfile]] = ()) -> Plan:
+                    pending: Sequence[tuple[ModelSpec, ModelProfile]] = (),
+                    demand_seqs: int | None = None) -> Plan:
     """Place every replica of ``spec`` and size its engine; raises PlanningError when it cannot.
 
     ``devices`` is the registry's snapshot. With ``budget_is_applied`` (the registry's view)
@@ -106,6 +120,9 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     an automatic single-replica deploy is planned jointly with them (``packing.py``): it
     takes the GPU and the share of memory that the joint plan gives it, so it does not take
     the room a pending model needs.
+
+    ``demand_seqs``: the sequences per replica a deploy without ``max_concurrency`` is sized for
+    (HIVE_DEFAULT_DEMAND_SEQS); None: throughput-first.
     """
     engine_kwargs, overrides = engine_overrides(spec)
     quant = profile.quant
@@ -117,7 +134,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
     parsers = choose_parsers(model_type=profile.model_type, model=spec.model, user=engine_kwargs, runner=profile.runner,
                              template=engine_kwargs.get("chat_template") or read_chat_template(profile.path))
     engine_kwargs = apply_choice(engine_kwargs, parsers)
-    sizer = Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied)
+    sizer = Sizer(spec, profile, overrides, engine_kwargs, budget_is_applied, demand_seqs)
     policy_path = spec.vllm_kwargs.get(PLACEMENT_POLICY_KEY)
     policy = UserPolicy(policy_path) if policy_path is not None else None  # checked for pins too
     policy_notes: list[str] = []
@@ -127,17 +144,17 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         rejected: list[Rejection] = []
     else:
         try:
-            try:
-                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
-                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
-                                                  speed=sizer.device_speed, policy=policy)
-            except PlanningError:
-                if sizer.seq_target is None:
-                    raise
-                sizer.relax_demand()  # no device holds the whole demand: the most that fit
-                placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
-                                                  overrides.tensor_parallel_size, budget_is_applied=budget_is_applied,
-                                                  speed=sizer.device_speed, policy=policy)
+            while True:
+                try:
+                    placements, rejected = place_auto(spec, devices, profile, sizer.min_need,
+                                                      overrides.tensor_parallel_size,
+                                                      budget_is_applied=budget_is_applied, speed=sizer.device_speed,
+                                                      policy=policy, pack=sizer.demand_sized,
+                                                      single_gpu=sizer.single_gpu_first)
+                    break
+                except PlanningError:
+                    if not sizer.relax_demand():  # no device holds the whole demand: the floor, then the most that fit
+                        raise
         except PlanningError as exc:
             fixed = overrides.model_dump(exclude_none=True)
             if fixed and exc.status_code == 422:
@@ -148,6 +165,7 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         if policy is not None:
             policy_notes.append(f"devices ranked by {PLACEMENT_POLICY_KEY} {policy.path!r} within the hive's "
                                 f"fit and unshared-first rules (allocation={spec.allocation.value!r} not used)")
+    slot = None
     if pending and policy is None and not spec.pins:
         use: dict[str, int] = {}
         for i, p in enumerate(placements):
@@ -169,6 +187,11 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
         sizer.notes.append(f"sized for max_concurrency={sizer.demand}: max_num_seqs "
                            f"{', '.join(str(r.settings.max_num_seqs) for r in replicas)} over {len(replicas)} "
                            "replica(s), KV for that many full-length requests")
+    elif sizer.default_seqs is not None and slot is None:
+        sizer.notes.append(f"no max_concurrency: sized for the hive's demand (HIVE_DEFAULT_DEMAND_SEQS) of "
+                           f"{sizer.default_seqs} sequences per "
+                           "replica (max_num_seqs " + ", ".join(str(r.settings.max_num_seqs) for r in replicas)
+                           + "); set max_concurrency to size it for more")
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
                 notes=list(profile.notes) + parsers.notes + sizer.notes + policy_notes + [n for n in [legacy_task(spec.vllm_kwargs)[1]] if n],

@@ -30,6 +30,8 @@ CPU_UTILIZATION = 0.9  # passed on CPU; ignored there when kv_cache_memory_bytes
 NEAR_BEST = 0.98  # settings within 2 % of the best score count as equally good
 RANK_SEQS = 64  # the performance policy ranks devices by expected tokens/s at this batch ...
 RANK_TOKENS = 2048  # ... and this many batched tokens (see Sizer.device_speed)
+DEFAULT_SEQS = 16  # the demand that packs bench_packing.py's catalog one at a time (HIVE_DEFAULT_DEMAND_SEQS)
+FLOOR_SEQS = 4  # the fewest sequences that keep a replica useful: placement prefers a device that holds them
 
 
 class Overrides(BaseModel):
@@ -94,7 +96,7 @@ class Sizer:
     """Sizes one replica on its devices; memoised per device signature (1000 equal GPUs, one search)."""
 
     def __init__(self, spec: ModelSpec, profile: ModelProfile, overrides: Overrides,
-                 engine_kwargs: dict[str, Any], budget_is_applied: bool) -> None:
+                 engine_kwargs: dict[str, Any], budget_is_applied: bool, demand_seqs: int | None = None) -> None:
         self.spec = spec
         self.profile = profile
         self.ov = overrides
@@ -136,7 +138,13 @@ class Sizer:
         self.seq_target: int | None = None  # per replica: set once the replica count is known
         if self.demand is not None and spec.replicas >= 1:
             self.seq_target = -(-self.demand // spec.replicas)
-        self.relaxed = False  # placement may pick a device that holds fewer than seq_target
+        # No declared demand and nothing fixed that sizes the KV: the hive's demand when it has one
+        # (HIVE_DEFAULT_DEMAND_SEQS, planner.py's docstring), else throughput-first.
+        self.default_seqs: int | None = None
+        if demand_seqs and self.demand is None and not (overrides.max_num_seqs or overrides.kv_cache_memory_bytes
+                                                        or overrides.gpu_memory_utilization is not None):
+            self.default_seqs = max(FLOOR_SEQS, demand_seqs)
+        self.relax_level = 0  # 1: placement needs FLOOR_SEQS of the demand; 2: one sequence
         self._need_cache: dict[tuple[bool, int], int] = {}
         self._plan_cache: dict[tuple[Any, ...], _Choice] = {}
         self._frames: dict[tuple[bool, int, int], mem.Frame] = {}
@@ -148,9 +156,24 @@ class Sizer:
         self._need_cache.clear()
         self._plan_cache.clear()
 
-    def relax_demand(self) -> None:
-        self.relaxed = True
+    @property
+    def demand_sized(self) -> bool:
+        """Sized for a demand (declared or default) rather than throughput-first: placement packs it."""
+        return self.seq_target is not None or self.default_seqs is not None
+
+    @property
+    def single_gpu_first(self) -> bool:
+        """Tensor parallelism or the CPU only once one GPU cannot hold even one sequence: the default demand
+        and the floor are not worth either (a declared demand is, at first)."""
+        return self.demand_sized and self.relax_level < 2 and (self.relax_level > 0 or self.seq_target is None)
+
+    def relax_demand(self) -> bool:
+        """No device holds the demand: ask placement for FLOOR_SEQS, then one; False when nothing is left to relax."""
+        if not self.demand_sized or self.relax_level >= 2:
+            return False
+        self.relax_level += 1
         self._need_cache.clear()
+        return True
 
     # ---- lengths --------------------------------------------------------------------
 
@@ -213,12 +236,16 @@ class Sizer:
         base = CPU_BATCH_TOKENS if on_cpu else GPU_BATCH_TOKENS
         return sorted({max(t, floor) for t in base})
 
-    def seq_cap(self, on_cpu: bool, tokens: int) -> int:
+    def seq_cap(self, on_cpu: bool, tokens: int, *, ceiling: bool = False) -> int:
+        """The most sequences a plan may have; ``ceiling``: past the default demand, up to throughput-first."""
         if self.ov.max_num_seqs:
             return self.ov.max_num_seqs
         if self.seq_target is not None:  # the demand, as far as one step's tokens allow
             return max(1, min(self.seq_target, tokens))
-        return max(1, min(CPU_MAX_SEQS if on_cpu else GPU_MAX_SEQS, tokens))
+        hard = max(1, min(CPU_MAX_SEQS if on_cpu else GPU_MAX_SEQS, tokens))
+        if self.default_seqs is None or ceiling or self.frame(on_cpu, 1, tokens).per_seq == 0:
+            return hard  # sequences without KV cost nothing: the default demand does not bound them
+        return min(self.default_seqs, hard)
 
     def frame(self, on_cpu: bool, tp: int, tokens: int) -> mem.Frame:
         key = (on_cpu, tp, tokens)
@@ -257,8 +284,11 @@ class Sizer:
         key = (on_cpu, tp)
         if key not in self._need_cache:
             tokens = self.token_candidates(on_cpu)[0]
-            seqs = self.ov.max_num_seqs or (self.seq_cap(on_cpu, tokens) if self.seq_target and not self.relaxed
-                                            else 1)
+            seqs = self.ov.max_num_seqs or 1
+            if not self.ov.max_num_seqs and self.demand_sized and self.relax_level < 2:
+                seqs = self.seq_cap(on_cpu, tokens)
+                if self.relax_level == 1:
+                    seqs = min(FLOOR_SEQS, seqs)
             self._need_cache[key] = self.frame(on_cpu, tp, tokens).total(seqs, self.ov.kv_cache_memory_bytes)
         return self._need_cache[key]
 
@@ -316,7 +346,7 @@ class Sizer:
             return self._fill_utilization(devs, tp, cap, perf)
         options: list[tuple[float, int, int]] = []  # (score, tokens, seqs)
         for tokens in self.token_candidates(on_cpu):
-            top = self._max_seqs(on_cpu, tp, tokens, cap)
+            top = self._max_seqs(on_cpu, tp, tokens, cap, ceiling=fill)
             if top >= 1:
                 options.append((self.score(perf, tp, tokens, top), tokens, top))
         if not options:
@@ -330,7 +360,7 @@ class Sizer:
                 continue
             seqs = top
             if not (ov.max_num_seqs or ov.kv_cache_memory_bytes or free_seqs or self.seq_target or fill):
-                lo, hi = 1, top  # fewest sequences that still score near the best
+                lo, hi = min(FLOOR_SEQS, top) if self.default_seqs else 1, top  # fewest that still score near the best
                 while lo < hi:
                     mid = (lo + hi) // 2
                     if self.score(perf, tp, tokens, mid) >= threshold:
@@ -346,11 +376,11 @@ class Sizer:
         kv = ov.kv_cache_memory_bytes or frame.kv_bytes(seqs)
         return _Choice(tokens=tokens, seqs=seqs, kv_bytes=kv, estimate=frame.estimate(seqs, kv), score=-neg_score)
 
-    def _max_seqs(self, on_cpu: bool, tp: int, tokens: int, cap: int) -> int:
+    def _max_seqs(self, on_cpu: bool, tp: int, tokens: int, cap: int, *, ceiling: bool = False) -> int:
         """The most sequences whose footprint fits ``cap`` at this batch size (0: none)."""
         frame = self.frame(on_cpu, tp, tokens)
         kv = self.ov.kv_cache_memory_bytes
-        hi = self.seq_cap(on_cpu, tokens)
+        hi = self.seq_cap(on_cpu, tokens, ceiling=ceiling)
         lo = 1
         if self.ov.max_num_seqs:
             lo = hi

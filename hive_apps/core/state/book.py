@@ -363,7 +363,7 @@ class ModelBook:
         self.ledger.activate(model_id)  # level 1: its weights are in host RAM now
         rec.resident, rec.drift = False, {}
         assert rec.sleep_mode is not None  # sleeps_in_place: it has one
-        rec.message = (f"sleeping ({rec.sleep_mode.value} since {now:.0f}): {rec.sleep_reason}; "
+        rec.message = (f"sleeping ({rec.sleep_mode.value}): {rec.sleep_reason}; "  # since when: slept_at, a machine field
                        "the next request wakes it in place")
         return self._commit(rec, forgotten=forgotten)
 
@@ -376,7 +376,7 @@ class ModelBook:
         rec.resident, rec.lost_replicas, rec.healing_replicas, rec.retiring, rec.drift = False, {}, [], [], {}
         rec.sleep_mode, rec.wake_placed = SleepMode.PARKED, False
         if rec.status is ModelStatus.SLEEPING:
-            rec.message = f"sleeping (parked since {now:.0f}): {rec.sleep_reason}; the next request wakes it"
+            rec.message = f"sleeping (parked): {rec.sleep_reason}; the next request wakes it"
         else:
             rec.message = "waking: starting its engines again (parked)"
         return self._commit(rec, forgotten=forgotten)

@@ -21,6 +21,11 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
 On a (simulated) GPU it sleeps in place as vLLM's sleep mode does, level 1 or 2, taking the
 time ``hive_apps/core/lifecycle.py`` derives from vLLM's published figures for its weights
 (``sleep_s``, ``wake_s``); its memory is what the registry then books (device, host or nothing).
+
+Prefix cache, as vLLM's with ``enable_prefix_caching`` (on unless that is false): an LRU of
+16-token blocks (64 bytes of the prompt's text, keyed as ``serving/routing/prefix.py`` keys
+them), as many as the plan's KV cache holds; a prompt's leading blocks found there are not
+prefilled again. ``info()["prefix_cache"]`` counts queried and hit tokens like vLLM's counters.
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ from hive_apps.core.weights.types import Manifest
 from hive_apps.serving.engine.base import EngineBase, weights_folder
 from hive_apps.serving.engine.protocol import EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
+from hive_apps.serving.routing.prefix import BYTES_PER_TOKEN, BlockLRU, block_keys, cache_blocks, prompt_bytes
 
 WORDS = "the hive plans serves routes replicas tokens quickly and calmly across every device".split()
 EMBED_DIM = 384
+BLOCK_TOKENS = 16  # vLLM's default KV block
 
 
 def fake_embedding(text: str) -> list[float]:
@@ -128,6 +135,9 @@ class SimEngine(EngineBase):
         self.tokens_per_s = float(kw.get("sim_tokens_per_s") or (est / seqs if est else 100.0))
         self.max_model_len = replica.settings.max_model_len
         self.slots = asyncio.Semaphore(seqs)
+        self.prefix_cache = (BlockLRU(cache_blocks(replica, block_tokens=BLOCK_TOKENS))
+                             if kw.get("enable_prefix_caching", True) else None)
+        self.prefix_queries = self.prefix_hits = 0  # prompt tokens looked up / found in the prefix cache
         self.running = 0
         self.waiting = 0
         self.app = self._build_app()
@@ -161,7 +171,26 @@ class SimEngine(EngineBase):
     def info(self) -> dict[str, Any]:
         return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended,
                 "engine_start_s": self.start_ended - self.start_began, "warm_up_s": self.warm_up_s,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # the pin it was started with
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # the pin it was started with
+                "prefix_cache": {"queries": self.prefix_queries, "hits": self.prefix_hits}}
+
+    def prompt_keys(self, body: dict[str, Any]) -> list[int]:
+        """The prompt's block keys for the prefix cache (none when it is off)."""
+        if self.prefix_cache is None:
+            return []
+        limit = self.max_model_len * BYTES_PER_TOKEN
+        return block_keys(prompt_bytes(body, limit), BLOCK_TOKENS * BYTES_PER_TOKEN, limit)
+
+    def cached_tokens(self, keys: list[int], prompt_tokens: int) -> int:
+        """Look the prompt up as the scheduler does when it admits it; its blocks are then cached.
+        The last prompt token is always computed, as in vLLM."""
+        if self.prefix_cache is None:
+            return 0
+        hit = min(prompt_tokens - 1, self.prefix_cache.matched(keys) * BLOCK_TOKENS)
+        self.prefix_cache.touch(keys)
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += hit
+        return hit
 
     def load(self) -> EngineLoad:
         return EngineLoad(
@@ -170,8 +199,8 @@ class SimEngine(EngineBase):
             kv_cache_usage=self.running / self.replica.settings.max_num_seqs,
         )
 
-    async def _generate(self, prompt_tokens: int, max_tokens: int):
-        """Admit like a scheduler, then yield one word per decode step."""
+    async def _generate(self, prompt_tokens: int, max_tokens: int, keys: list[int] | None = None):
+        """Admit like a scheduler, then yield one word per decode step; ``keys``: the prompt's blocks."""
         self.waiting += 1
         try:
             await self.slots.acquire()
@@ -179,7 +208,8 @@ class SimEngine(EngineBase):
             self.waiting -= 1
         self.running += 1
         try:
-            await asyncio.sleep(prompt_tokens / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
+            computed = prompt_tokens - self.cached_tokens(keys or [], prompt_tokens)
+            await asyncio.sleep(computed / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
             self.count_tokens(prompt_tokens, 0)
             for i in range(max_tokens):
                 await asyncio.sleep(1.0 / self.tokens_per_s)
@@ -239,6 +269,7 @@ class SimEngine(EngineBase):
             prompt_total = sum(prompts)
             usage = lambda done: {"prompt_tokens": prompt_total, "completion_tokens": done, "total_tokens": prompt_total + done}  # noqa: E731
             samples = [(i * n + j, tokens) for i, tokens in enumerate(prompts) for j in range(n)]
+            keys = engine.prompt_keys(body) if len(prompts) == 1 else []
 
             def choice(index: int, text: str, finish: str | None, stream: bool) -> dict:
                 if kind == "chat":
@@ -248,7 +279,7 @@ class SimEngine(EngineBase):
 
             if not body.get("stream"):
                 async def sample(tokens: int) -> list[str]:
-                    return [w async for w in engine._generate(tokens, max_tokens)]
+                    return [w async for w in engine._generate(tokens, max_tokens, keys)]
 
                 texts = await asyncio.gather(*(sample(tokens) for _, tokens in samples))
                 return JSONResponse({"id": rid, "object": obj, "created": created, "model": engine.model_id,
@@ -266,7 +297,7 @@ class SimEngine(EngineBase):
                 words: asyncio.Queue = asyncio.Queue()
 
                 async def sample(index: int, tokens: int) -> None:
-                    async for w in engine._generate(tokens, max_tokens):
+                    async for w in engine._generate(tokens, max_tokens, keys):
                         await words.put((index, w))
                     await words.put((index, None))
 

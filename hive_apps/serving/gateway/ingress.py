@@ -32,7 +32,7 @@ from hive_apps.serving.routing.follow import (
 )
 from hive_apps.serving.routing.hold import WakeHold, gone_message, wake_asker
 from hive_apps.serving.routing.http import BodyFields
-from hive_apps.serving.routing.paths import engine_route, is_models_list, model_object_id
+from hive_apps.serving.routing.paths import SERVED, engine_route, is_models_list, model_object_id
 from hive_apps.serving.routing.pipeline import OpenAIEntry, asgi
 
 
@@ -84,8 +84,7 @@ class GatewayApp(OpenAIEntry):
                 return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
             return JSONResponse(model_object(rec))
         if engine_route(request.method, path) is None:
-            return openai_error(404, f"no OpenAI route {request.method} {path}; the hive serves "
-                                     "POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models")
+            return openai_error(404, f"no OpenAI route {request.method} {path}; the hive serves {SERVED}")
         return None
 
     async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:

@@ -67,7 +67,9 @@ class ModelReplicas:
                                          self._cluster)
             replicas.start()
             self._sets[rec.model_id] = (fingerprint, replicas)
-        return self._sets[rec.model_id][1]
+        replicas = self._sets[rec.model_id][1]
+        replicas.routing = rec.spec.routing  # a router's first set was built before its record came
+        return replicas
 
     def adopt(self, model_id: str, plans: list[ReplicaPlan], replicas: ReplicaSet) -> None:
         """Start from a replica set made elsewhere (a router's, from its bound handles)."""

@@ -7,7 +7,10 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import parse_qs
 
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -17,7 +20,7 @@ from hive_apps.serving import request_ids
 from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.hold import HoldRefused, WakeHold, gone_message, held_stream
 from hive_apps.serving.routing.media import remote_media_problem
-from hive_apps.serving.routing.paths import body_problem
+from hive_apps.serving.routing.paths import RESPONSES_ROUTE, body_problem
 
 if TYPE_CHECKING:
     from hive_apps.serving.routing.replica_set import ReplicaSet
@@ -62,8 +65,8 @@ async def read_forwarded(request: Request, path: str) -> ForwardedRequest:
 
 
 class BodyFields(NamedTuple):
-    model: str | None  # the OpenAI ``model`` field, if the body is JSON and has one
-    stream: bool  # the body asks for a streamed (SSE) answer
+    model: str | None  # the OpenAI ``model`` field: of a JSON body, a multipart form, or ``?model=`` of a response id
+    stream: bool  # the request asks for a streamed (SSE) answer
     body: dict[str, Any] | None  # the parsed body, when it is a JSON object (for splitting)
 
 
@@ -75,9 +78,16 @@ async def parse_fields(req: ForwardedRequest) -> BodyFields:
 
 
 def body_fields(req: ForwardedRequest) -> BodyFields:
-    """What routing needs from an OpenAI body, parsed once per request."""
+    """What routing needs from an OpenAI request, parsed once per request."""
+    if req.path.startswith(RESPONSES_ROUTE + "/"):  # a response id: no body, the model (gateway) in the query
+        query = {k: v[0] for k, v in parse_qs(req.query).items()}
+        return BodyFields(query.get("model") or None, query.get("stream", "").lower() == "true", None)
     if not req.body:
         return BodyFields(None, False, None)
+    content_type = next((v for k, v in req.headers if k.lower() == "content-type"), "")
+    if content_type.lower().startswith("multipart/form-data"):
+        form = form_fields(content_type, req.body, FORM_FIELDS)
+        return BodyFields(form.get("model") or None, form.get("stream", "").lower() == "true", None)
     try:
         body = json.loads(req.body)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's limit
@@ -86,6 +96,62 @@ def body_fields(req: ForwardedRequest) -> BodyFields:
         return BodyFields(None, False, None)
     model = body.get("model")
     return BodyFields(model if isinstance(model, str) else None, body.get("stream") is True, body)
+
+
+FORM_FIELDS = frozenset({"model", "stream"})
+MAX_FORM_FIELD_BYTES = 1024
+"""A wanted form field longer than this is not read (a model id or a boolean is a few bytes)."""
+
+
+def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[str, str]:
+    """The ``wanted`` text fields of a multipart form, read in place from the body already held for
+    forwarding: file parts (the audio) are skipped, never copied. ``{}`` for a malformed form."""
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
+    if not boundary:
+        return {}
+    found: dict[str, str] = {}
+    part: dict[str, Any] = {}
+
+    def on_part_begin() -> None:
+        part.clear()
+        part.update(headers={}, field=b"", value=b"", data=bytearray(), keep=False)
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        if len(part["field"]) < MAX_FORM_FIELD_BYTES:
+            part["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        if len(part["value"]) < MAX_FORM_FIELD_BYTES:
+            part["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        part["headers"][part["field"].lower()] = part["value"]
+        part["field"] = part["value"] = b""
+
+    def on_headers_finished() -> None:
+        _, options = parse_options_header(part["headers"].get(b"content-disposition"))
+        name = options.get(b"name", b"").decode("latin-1")
+        part.update(name=name, keep=name in wanted and b"filename" not in options)
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if part["keep"]:
+            part["data"] += data[start:end]
+            part["keep"] = len(part["data"]) <= MAX_FORM_FIELD_BYTES
+
+    def on_part_end() -> None:
+        if part["keep"]:
+            found[part["name"]] = part["data"].decode("utf-8", "replace").strip()
+
+    parser = MultipartParser(boundary, {
+        "on_part_begin": on_part_begin, "on_header_field": on_header_field, "on_header_value": on_header_value,
+        "on_header_end": on_header_end, "on_headers_finished": on_headers_finished,
+        "on_part_data": on_part_data, "on_part_end": on_part_end})
+    try:
+        parser.write(body)
+        parser.finalize()
+    except (MultipartParseError, ValueError):
+        return {}
+    return found
 
 
 async def request_problem(path: str, req: ForwardedRequest, fields: BodyFields,
@@ -98,7 +164,7 @@ async def request_problem(path: str, req: ForwardedRequest, fields: BodyFields,
 async def respond(replicas: ReplicaSet, req: ForwardedRequest, fields: BodyFields) -> Response:
     """Answer through a model's replicas: a unary call, or a stream when the body asks for one."""
     if fields.stream:
-        return await to_response(replicas.stream(req))
+        return await to_response(replicas.stream(req, fields.body))
     start, body = await replicas.call(req, fields.body)
     return Response(body, status_code=start.status, headers=_passed_headers(start), media_type=start.content_type)
 
@@ -115,7 +181,7 @@ async def respond_for(rec: ModelRecord, replicas_of: Callable[[ModelRecord], Rep
         return openai_error(404, gone or f"The model `{rec.model_id}` is {rec.status.value} and not ready yet.", "model")
     if fields.stream:
         return await held_stream(hold, rec.model_id, hold.settings.hold_keepalive_s,
-                                 lambda woke: replicas_of(woke).stream(req), request_id, client)
+                                 lambda woke: replicas_of(woke).stream(req, fields.body), request_id, client)
     try:
         woke = await hold.wait(rec.model_id, request_id, client)
     except HoldRefused as e:

@@ -4,6 +4,8 @@ each model's router at ``/<model_id>`` (its own model).
 auth -> (answers of the entry's own: model objects, unknown routes) -> body -> checks -> route ->
 hold / forward, and one ``hive_requests`` count per answer. An entry says only what differs: the
 path it sees, what it answers without an engine, and which model record a request goes to.
+CORS (``HIVE_CORS_ORIGINS``, off when unset) wraps the whole pipeline: preflights are answered
+before auth (browsers send them without credentials), and every answer to a listed origin says so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from hive_apps.serving.routing.http import (
     respond_for,
     too_large,
 )
+from hive_apps.serving.routing.paths import engine_route, missing_model
 
 if TYPE_CHECKING:
     from hive_apps.serving.routing.replica_set import ReplicaSet
@@ -45,9 +48,15 @@ class OpenAIEntry:
     replicas_of: Callable[[ModelRecord], ReplicaSet]
 
     async def answer(self, request: Request) -> Response:
+        early = preflight(self.settings.cors_origins, request)
+        if early is not None:
+            return early
         response = await self._pipeline(request)
         metrics.publisher().count("hive_requests", model=self.model_tag(request), entry=self.entry,
                                   code=str(response.status_code))
+        if self.settings.cors_origins:  # answers differ by origin: caches keep them apart
+            response.headers.update(cors_headers(self.settings.cors_origins, request))
+            response.headers.add_vary_header("Origin")
         return response
 
     async def _pipeline(self, request: Request) -> Response:
@@ -58,16 +67,15 @@ class OpenAIEntry:
         early = await self.before_body(request, path)
         if early is not None:
             return early
-        try:
-            req = await read_forwarded(request, path)
+        try:  # the vLLM route the path names (GET /v1/models on a model's route: its engine's list)
+            req = await read_forwarded(request, engine_route(request.method, path) or path)
         except BodyTooLarge:
             return too_large()
         fields = await parse_fields(req)
         if self.requires_model and fields.model is None:
-            return openai_error(400, "the request body must be JSON with a 'model' field naming a model from "
-                                     "GET /v1/models", "model")
+            return openai_error(400, missing_model(request.method, path), "model")
         if request.method == "POST":
-            problem = await request_problem(path, req, fields, self.settings.media_hosts)
+            problem = await request_problem(req.path, req, fields, self.settings.media_hosts)
             if problem is not None:
                 return openai_error(400, *problem)
         target = await self.route(request, req, fields)
@@ -93,6 +101,39 @@ class OpenAIEntry:
         """The record of the model the request goes to (then served, held while it wakes, or refused
         with why), or an answer of the entry's own."""
         raise NotImplementedError
+
+
+CORS_EXPOSED = "x-hive-replica, x-request-id, retry-after"
+"""Answer headers a browser client may read besides the safelisted ones."""
+
+
+def _cors_origin(origins: list[str], request: Request) -> str | None:
+    origin = request.headers.get("origin")
+    if not origins or not origin:
+        return None
+    return origin if "*" in origins or origin.rstrip("/").lower() in origins else None
+
+
+def preflight(origins: list[str], request: Request) -> Response | None:
+    """The answer to a CORS preflight when CORS is on (None otherwise: the request goes on as any other).
+    Requested headers are allowed as asked: the API key is a header, not a cookie, and is checked anyway."""
+    if not origins or request.method != "OPTIONS" or "access-control-request-method" not in request.headers:
+        return None
+    origin = _cors_origin(origins, request)
+    if origin is None:
+        return openai_error(403, f"origin {request.headers.get('origin')!r} is not in HIVE_CORS_ORIGINS")
+    return Response(status_code=204, headers={
+        "access-control-allow-origin": origin, "vary": "Origin", "access-control-allow-methods": "GET, POST",
+        "access-control-allow-headers": request.headers.get("access-control-request-headers", "authorization, content-type"),
+        "access-control-max-age": "600"})
+
+
+def cors_headers(origins: list[str], request: Request) -> dict[str, str]:
+    """What every answer to a listed origin carries (errors too, so a browser client can read them)."""
+    origin = _cors_origin(origins, request)
+    if origin is None:
+        return {}
+    return {"access-control-allow-origin": origin, "access-control-expose-headers": CORS_EXPOSED}
 
 
 async def asgi(entry: OpenAIEntry, scope, receive, send) -> None:

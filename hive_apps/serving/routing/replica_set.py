@@ -1,7 +1,8 @@
 """The routing state of one model, shared by its router and by the gateway.
 
-Sends each request to the live replica with the lowest load relative to its planned capacity
-(``serving/routing/policy.py``); a replica that fails before answering is retried on another; when
+Sends each request to the live replica most likely to hold its prompt's prefix while that one has
+planned room (``serving/routing/prefix.py``; ``routing: least_loaded`` in the spec turns that off), else
+to the lowest load relative to its planned capacity (``serving/routing/policy.py``); a replica that fails before answering is retried on another; when
 every replica is full and the model's queue bound is reached the answer is a 429. A request
 that carries many sequences (a list of prompts, n > 1) is split over replicas by free
 capacity (``serving/routing/split.py``). Which replicas are live, and their load, come from the load
@@ -27,12 +28,14 @@ from hive_apps.control.cluster import Cluster, get_cluster
 from hive_apps.core import names
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.planning.types import Plan, ReplicaPlan
+from hive_apps.core.spec import Routing
 from hive_apps.ops import metrics
 from hive_apps.serving import request_ids
 from hive_apps.serving.engine.http_server import EngineEndpoint
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.liveness import LoadPoll, is_live, mark_failed
-from hive_apps.serving.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate, queue_full
+from hive_apps.serving.routing.policy import ReplicaView, prompt_tokens_estimate, queue_full
+from hive_apps.serving.routing.prefix import PrefixIndex, block_keys, cache_blocks, prompt_bytes
 from hive_apps.serving.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
 from hive_apps.serving.routing.transport import EngineHung, HttpTransport, Reply, make_transport
 
@@ -42,7 +45,10 @@ MAX_ATTEMPTS = 2
 RETRY_AFTER_S = 1
 JSON = ("content-type", "application/json")
 REPLICA_HEADER = "x-hive-replica"
+ROUTE_HEADER = "x-hive-route"  # why that replica: prefix | least-loaded | split | retry
+SPLIT, RETRY = "split", "retry"
 SPLITTABLE = (COMPLETIONS, CHAT)
+PARSE_ON_LOOP_BYTES = 2**20
 
 
 def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
@@ -53,9 +59,12 @@ def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
 
 
 class ReplicaSet(LoadPoll):
-    def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
+    def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int,
+                 routing: Routing = Routing.PREFIX, kv_bytes_per_token: int | None = None):
         super().__init__({rp.index: ReplicaView.of_plan(rp) for rp in replicas})
         self.model_id = model_id
+        self.routing = routing  # the model's record may change it (follow.py ModelReplicas.of)
+        self.prefixes = PrefixIndex({rp.index: cache_blocks(rp, kv_bytes_per_token) for rp in replicas})
         self.queue_bound = queue_bound
         self.handles = handles
         self.devices = {rp.index: list(rp.devices) for rp in replicas}
@@ -66,7 +75,7 @@ class ReplicaSet(LoadPoll):
         """Handles to the engines of a running model app, found by name."""
         cluster = cluster or get_cluster()
         handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
-        return cls(model_id, handles, plan.replicas, queue_bound)
+        return cls(model_id, handles, plan.replicas, queue_bound, kv_bytes_per_token=plan.profile.kv_bytes_per_token)
 
     @property
     def endpoints(self) -> dict[int, EngineEndpoint | None]:
@@ -139,46 +148,57 @@ class ReplicaSet(LoadPoll):
             return busy
         split = self._plan_split(req.path, body)
         if split is None:
-            return await self._call_one(req)
+            return await self._call_one(req, body)
         replies = await asyncio.gather(*(
-            self._call_one(req.model_copy(update={"body": json.dumps(part.body).encode()}), prefer=part.replica)
+            self._call_one(req.model_copy(update={"body": json.dumps(part.body).encode()}), part.body, prefer=part.replica)
             for part in split.parts))
         failed = next((r for r in replies if r[0].status != 200), None)
         if failed is not None:
             return failed
         merged = merge_answers(split, [json.loads(body) for _, body in replies])
         served = ",".join(names.replica_label(part.replica) for part in split.parts)
-        return ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served)]), json.dumps(merged).encode()
+        return (ResponseStart(status=200, headers=[JSON, (REPLICA_HEADER, served), (ROUTE_HEADER, SPLIT)]),
+                json.dumps(merged).encode())
 
     def _plan_split(self, path: str, body: dict[str, Any] | None) -> Split | None:
         if body is None or path not in SPLITTABLE or len(self.views) < 2:
             return None
         return plan_split(path, body, self.replica_views())
 
-    def _attempts(self, prefer: int | None = None) -> Iterator[ReplicaView]:
-        """The replicas to try in turn: the preferred one if live, then the best not yet tried."""
+    def _prefix_keys(self, body: dict[str, Any] | None) -> list[int]:
+        if self.routing is not Routing.PREFIX or len(self.views) < 2:
+            return []
+        return block_keys(prompt_bytes(body))
+
+    def _attempts(self, body: dict[str, Any] | None = None, tokens: int = 0,
+                  prefer: int | None = None) -> Iterator[tuple[ReplicaView, str, int]]:
+        """The replicas to try in turn, each with why it was chosen and the prompt tokens it is taken
+        to have cached: the preferred one if live (a part of a split), then the best not yet tried."""
         tried: set[int] = set()
+        keys = self._prefix_keys(body)
         for _ in range(MAX_ATTEMPTS):
             view = self.views.get(prefer) if prefer is not None and not tried else None
+            route, cached = SPLIT, 0
             if view is None or not is_live(view):
-                view = choose_replica(self.replica_views(), exclude=tried)
+                view, route, cached = self.prefixes.choose(self.replica_views(), keys, tokens, exclude=tried)
             if view is None:
                 return
+            yield view, RETRY if tried else route, cached
             tried.add(view.index)
-            yield view
 
-    async def _call_one(self, req: ForwardedRequest, prefer: int | None = None) -> Reply:
+    async def _call_one(self, req: ForwardedRequest, parsed: dict[str, Any] | None, prefer: int | None = None) -> Reply:
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         last_error: Exception | None = None
-        tokens = prompt_tokens_estimate(req.body)
-        for attempt, view in enumerate(self._attempts(prefer)):
+        prompt = prompt_tokens_estimate(req.body)
+        for attempt, (view, route, cached) in enumerate(self._attempts(parsed, prompt, prefer)):
             self._attempted(attempt)
+            tokens = prompt - cached  # only the uncached part fills the prefill budget
             view.in_flight += 1
             view.queued_tokens += tokens
             try:
                 start, body = await self.transport.call(view.index, req)
                 self._answered(attempt)
-                return _served_by(start, view.index), body
+                return _served_by(start, view.index, route), body
             except EngineHung as e:  # it may still be generating: running it again elsewhere would run it twice
                 self._failed(view, e, req)
                 return self._hung(e)
@@ -190,9 +210,12 @@ class ReplicaSet(LoadPoll):
                 view.queued_tokens -= tokens
         return self._unavailable(last_error)
 
-    async def stream(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
-        """A streaming request: retried elsewhere only if the replica fails before its first item."""
+    async def stream(self, req: ForwardedRequest, body: dict[str, Any] | None = None) -> AsyncIterator[ResponseStart | bytes]:
+        """A streaming request: retried elsewhere only if the replica fails before its first item.
+        ``body``: ``req.body`` as the caller parsed it; parsed here for prefix routing when not given."""
         self._touch()
+        if body is None and self.routing is Routing.PREFIX and len(self.views) > 1:
+            body = _parsed(req.body)
         await self._any_live()
         busy = self._busy()  # and no await from here to the in-flight count
         if busy:
@@ -200,9 +223,10 @@ class ReplicaSet(LoadPoll):
             yield busy[1]
             return
         last_error: Exception | None = None
-        tokens = prompt_tokens_estimate(req.body)
-        for attempt, view in enumerate(self._attempts()):
+        prompt = prompt_tokens_estimate(req.body)
+        for attempt, (view, route, cached) in enumerate(self._attempts(body, prompt)):
             self._attempted(attempt)
+            tokens = prompt - cached
             view.in_flight += 1
             view.queued_tokens += tokens
             queued = tokens  # released at the first body bytes: the prompt is past prefill
@@ -213,7 +237,7 @@ class ReplicaSet(LoadPoll):
                     async for item in replies:
                         if not started:
                             assert isinstance(item, ResponseStart)  # an engine reply starts with its headers
-                            item, started = _served_by(item, view.index), True
+                            item, started = _served_by(item, view.index, route), True
                             self._answered(attempt)
                         elif queued:
                             view.queued_tokens, queued = view.queued_tokens - queued, 0
@@ -227,11 +251,23 @@ class ReplicaSet(LoadPoll):
             finally:
                 view.in_flight -= 1
                 view.queued_tokens -= queued
-        start, body = self._unavailable(last_error)
+        start, text = self._unavailable(last_error)
         yield start
-        yield body
+        yield text
 
 
-def _served_by(start: ResponseStart, index: int) -> ResponseStart:
-    """Tell the client which replica answered (``x-hive-replica: r1``), for debugging and tests."""
-    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, names.replica_label(index))]})
+def _served_by(start: ResponseStart, index: int, route: str) -> ResponseStart:
+    """Tell the client which replica answered and why (``x-hive-replica: r1``, ``x-hive-route: prefix``)."""
+    return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, names.replica_label(index)),
+                                                (ROUTE_HEADER, route)]})
+
+
+def _parsed(raw: bytes) -> dict[str, Any] | None:
+    """A body small enough to parse on the loop (``http.py`` PARSE_OFF_LOOP_BYTES), as a JSON object."""
+    if not raw or len(raw) > PARSE_ON_LOOP_BYTES:
+        return None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None

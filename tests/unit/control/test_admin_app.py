@@ -168,7 +168,8 @@ async def test_a_new_admin_resumes_what_the_registry_records_and_sweeps_orphan_a
 async def test_every_route_but_healthz_and_the_docs_needs_the_admin_token(admin):
     for method, path in (("GET", "/models"), ("GET", "/models/m"), ("POST", "/models"), ("DELETE", "/models"),
                          ("POST", "/plan"), ("GET", "/gpus"), ("GET", "/nodes"), ("GET", "/weights"),
-                         ("GET", "/load"), ("POST", "/registry/reset"), ("POST", "/monitor-tokens")):
+                         ("GET", "/load"), ("POST", "/registry/reset"), ("POST", "/monitor-tokens"),
+                         ("POST", "/models/m/sleep"), ("POST", "/models/m/wake"), ("GET", "/history")):
         r = await admin.anonymous.request(method, path, json={})
         assert r.status_code == 401 and "HIVE_ADMIN_TOKEN" in r.json()["error"]["message"], (method, path, r.text)
     r = await admin.anonymous.get("/models", headers={"Authorization": "Bearer not-adm"})
@@ -181,7 +182,8 @@ async def test_every_route_but_healthz_and_the_docs_needs_the_admin_token(admin)
     assert "content-security-policy" in page.headers
     paths = (await admin.anonymous.get("/openapi.json")).json()["paths"]
     assert {"/models", "/models/{model_id}", "/plan", "/gpus", "/nodes", "/weights", "/registry/samples",
-            "/monitor-tokens", "/registry/reset", "/load", "/healthz"} == set(paths)
+            "/monitor-tokens", "/registry/reset", "/load", "/healthz", "/models/{model_id}/sleep",
+            "/models/{model_id}/wake", "/history"} == set(paths)
 
 
 async def test_gpus_and_nodes_list_what_the_registry_sampled(admin):
@@ -290,3 +292,67 @@ async def test_forged_samples_are_refused_and_the_monitor_token_opens_only_sampl
     assert (await admin.anonymous.get("/models", headers=agent)).status_code == 401
     assert (await post("/models", json={}, headers=agent)).status_code == 401
     assert (await post("/monitor-tokens", json={"node_name": "node-a"}, headers=agent)).status_code == 401
+
+
+# --- the status page's actions and history (issue 31) ----------------------------------------------
+async def test_sleep_now_and_wake_now(admin):
+    assert (await admin.deploy(**sim_spec("m", gpu="node-a:gpu0", sleep_timeout=3600))).status_code == 200
+    assert (await admin.deploy(**sim_spec("awake", gpu="node-a:gpu1"))).status_code == 200
+    assert (await admin.client.get("/models/m")).json()["can_sleep"] is True
+
+    r = await admin.client.post("/models/m/sleep")
+    assert r.status_code == 202 and r.json()["status"] == "sleeping", r.text
+    assert await eventually(lambda: not admin.registry.book.records["m"].resident)
+    body = (await admin.client.get("/models/m")).json()
+    assert body["status"] == "sleeping" and body["sleep_mode"] == "parked" and "operator" in body["sleep_reason"]
+    assert body["slept_at"] is not None and str(int(body["slept_at"])) not in body["message"], body["message"]
+    assert (await admin.gpus())["node-a:gpu0"]["reserved_bytes"] == 0
+    r = await admin.client.post("/models/m/sleep")
+    assert r.status_code == 409 and "is sleeping" in r.json()["error"]["message"], r.text
+
+    r = await admin.client.post("/models/m/wake")
+    assert r.status_code == 202 and r.json()["status"] == "waking", r.text
+    assert await eventually(lambda: admin.registry.book.records["m"].status is ModelStatus.READY)
+    body = (await admin.client.get("/models/m")).json()
+    assert body["last_wake"]["how"] == "parked" and body["slept_at"] is None and body["resident"] is True
+    assert (await admin.client.post("/models/m/wake")).json()["status"] == "ready"  # awake: stays as it is
+
+    r = await admin.client.post("/models/awake/sleep")
+    assert r.status_code == 422 and "sleep_timeout" in r.json()["error"]["message"], r.text
+    for path in ("/models/nope/sleep", "/models/nope/wake"):
+        r = await admin.client.post(path)
+        assert r.status_code == 404 and r.json()["error"]["field"] == "model_id", (path, r.text)
+
+
+async def test_history_counts_requests_keeps_memory_and_survives_a_new_admin(admin):
+    from hive_apps.control.admin.history import HISTORY_KEY, HistoryKeeper
+    from hive_apps.serving.engine.protocol import EngineLoad
+
+    assert (await admin.deploy(**sim_spec("m", gpu="node-a:gpu0"))).status_code == 200
+    keeper = admin.app.state.admin.history
+    assert await eventually(lambda: keeper.history is not None)  # its first turn read the KV
+    admin.cluster.loads["m"] = EngineLoad(requests_total=10, running=3, waiting=1, max_num_seqs=8)
+    await keeper.sample()
+    admin.cluster.loads["m"] = EngineLoad(requests_total=40, running=1, max_num_seqs=8)
+    await keeper.sample()
+    r = await admin.client.get("/history")
+    assert r.status_code == 200, r.text
+    h = r.json()
+    pts = h["models"]["m"]
+    assert sum(p["requests"] for p in pts) >= 30 and max(p["running"] for p in pts) == 3
+    assert max(p["waiting"] for p in pts) == 1 and pts[-1]["capacity"] > 0 and pts[-1]["resident"] is True
+    gpu0 = h["devices"]["node-a:gpu0"][-1]
+    assert gpu0["reserved_bytes"] > 0 and gpu0["total_bytes"] == 80 * 2**30
+    assert h["restarts"] == [] and h["keep_s"] >= 3600
+
+    await keeper.store()
+    assert (SETTINGS.state_namespace, HISTORY_KEY) in admin.cluster.kv
+    other = HistoryKeeper(admin.cluster, SETTINGS, admin.app.state.admin.lifecycle, tick_s=3600)
+    task = asyncio.get_running_loop().create_task(other.run())
+    try:
+        assert await eventually(lambda: other.history is not None)
+        again = other.view()
+        assert again["since"] == h["since"] and len(again["restarts"]) == 1
+        assert sum(p["requests"] for p in again["models"]["m"]) >= 30
+    finally:
+        task.cancel()

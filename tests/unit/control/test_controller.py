@@ -22,6 +22,7 @@ from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.records import ModelRecord, ModelStatus, Reservation, ReservationState, load_stored
 from tests.unit.fake_cluster import FakeCluster
+from tests.unit.helpers import ManualClock
 
 MODEL = str(Path(__file__).resolve().parents[2] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
 SETTINGS = HiveSettings(auth_disabled=True, deploy_timeout_s=30, heal_backoff_max_s=60)
@@ -32,13 +33,19 @@ class Hive:
 
     def __init__(self, cluster: FakeCluster):
         self.cluster = cluster
+        self.clock = ManualClock()  # the registry's, the reconciler's and the lifecycle's wall time
         set_cluster(cluster)
-        self.reconciler = Reconciler(cluster, SETTINGS, Lifecycle(cluster, SETTINGS), apply_grace_s=0)
+        self.reconciler = self.new_reconciler()
+
+    def new_reconciler(self, apply_grace_s: float = 0) -> Reconciler:
+        """A reconciler (as a new admin replica builds one) on this hive's clock."""
+        return Reconciler(self.cluster, SETTINGS, Lifecycle(self.cluster, SETTINGS, self.clock),
+                          apply_grace_s=apply_grace_s, clock=self.clock)
 
     async def start_registry(self) -> Registry:
         """A registry replica: a new one reads everything back from the KV."""
         reg = Registry.__new__(Registry)
-        await reg.__init__(SETTINGS)
+        await reg.__init__(SETTINGS, clock=self.clock)
         reg._loop_task.cancel()  # the tests sample when they mean to
         self.cluster.serve(names.REGISTRY_APP, reg)
         self.registry = reg
@@ -110,8 +117,7 @@ async def test_deploy_past_its_deadline_fails_and_frees(hive):
     assert await hive.step("slow") == 0.0  # app built
     assert (await hive.registry.get_model("slow")).status is ModelStatus.DEPLOYING
     # the deadline counts from the build, after the weights were fetched onto the node
-    hive.registry.book.records["slow"].starting_since = time.time() - SETTINGS.deploy_timeout_s - 1
-    hive.registry.book.records["slow"].applied_at = time.time() - SETTINGS.deploy_timeout_s - 1
+    hive.clock.advance(SETTINGS.deploy_timeout_s + 1)
     rec = await hive.settle("slow")
     assert rec.status is ModelStatus.FAILED and "not ready within" in rec.message
     assert hive.reserved("slow") == {} and "slow" not in hive.cluster.apps
@@ -214,9 +220,9 @@ async def test_failed_heals_back_off_exponentially(hive):
     for _ in range(3):
         rec = await hive.settle("m")
         assert rec.status is ModelStatus.DEGRADED and rec.healing_replicas == []
-        waits.append(round(rec.next_heal_at - time.time()))
+        waits.append(round(rec.next_heal_at - hive.clock()))
         generations.append(hive.cluster.apps["m"].generations[0])
-        hive.registry.book.records["m"].next_heal_at = 0  # time passes
+        hive.clock.advance(waits[-1])
     assert waits == [2, 4, 8] and rec.heal_attempts == 3
     assert len(set(generations)) == 3, "each new placement is a new version for Serve, even on the same device"
     assert "self-healing failed (attempt 3" in rec.message
@@ -254,7 +260,7 @@ async def test_node_lost_during_delete(hive):
 async def test_admin_restart_mid_deploy_and_mid_heal(hive):
     await hive.deploy("m", replicas=2)
     await hive.step("m")  # app built; then this admin dies
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=0)
+    hive.reconciler = hive.new_reconciler()
     rec = await hive.settle("m")
     assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 1
 
@@ -262,7 +268,7 @@ async def test_admin_restart_mid_deploy_and_mid_heal(hive):
     await hive.sample()
     await hive.step("m")  # heal placed; the admin dies before building the app
     assert (await hive.registry.get_model("m")).status is ModelStatus.HEALING
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=0)
+    hive.reconciler = hive.new_reconciler()
     rec = await hive.settle("m")
     assert rec.status is ModelStatus.READY and hive.cluster.apps["m"].builds == 2
 
@@ -362,7 +368,7 @@ async def test_corrupt_stored_record_is_quarantined(hive):
 
 async def test_a_rebuild_is_not_judged_on_serve_status_from_before_it(hive):
     """Serve's status lags a rebuild: a broken status right after building is not yet a failure."""
-    hive.reconciler = Reconciler(hive.cluster, SETTINGS, Lifecycle(hive.cluster, SETTINGS), apply_grace_s=3)
+    hive.reconciler = hive.new_reconciler(apply_grace_s=3)
     hive.cluster.start_mode["m"] = "fail"
     await hive.deploy("m", gpu="node-a:gpu0")
     await hive.step("m")  # built

@@ -126,3 +126,19 @@ def test_every_fixture_profiles_the_same_without_torch():
             with_torch = type(e).__name__ + ": " + str(e)
         assert without[f] == json.loads(json.dumps(with_torch)), Path(f).name
     assert len(folders) > 30
+
+
+def test_the_hives_default_demand_reaches_the_plan():
+    """HIVE_DEFAULT_DEMAND_SEQS (the Planner's ``demand_seqs``): a deploy without max_concurrency is
+    sized for it; unset, throughput-first."""
+    from pathlib import Path
+
+    from hive_apps.control.planner import plan_or_error
+
+    model = str(Path(__file__).resolve().parents[2] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
+    spec = ModelSpec(model_id="m", model=model, engine="sim", max_input_prompt_length=512, max_output_prompt_length=128)
+    sized = plan_or_error(spec, devices(), demand_seqs=8).plan
+    alone = plan_or_error(spec, devices()).plan
+    assert sized is not None and alone is not None
+    assert sized.replicas[0].settings.max_num_seqs == 8 < alone.replicas[0].settings.max_num_seqs
+    assert sized.replicas[0].reservation_bytes < alone.replicas[0].reservation_bytes

@@ -70,3 +70,58 @@ def test_comment_lines_in_the_key_file_are_not_keys(tmp_path):
     s = HiveSettings(api_keys_file=f)
     assert s.current_api_keys() == {"real-key"}
     assert check_api_key(s, "Bearer # rotated 2026-12-01") is not None
+
+
+def test_admin_token_file_is_reread_and_holds_old_and_new_while_rotating(tmp_path):
+    f = tmp_path / "admin"
+    f.write_text("old\n")
+    s = HiveSettings(admin_token_file=f)
+    assert check_admin_token(s, "Bearer old") is None
+    f.write_text("# rotating\nnew\nold\n")
+    assert check_admin_token(s, "Bearer new") is None and check_admin_token(s, "Bearer old") is None
+    f.write_text("new\n")
+    assert "invalid" in check_admin_token(s, "Bearer old") and check_admin_token(s, "Bearer new") is None
+
+
+def test_a_token_file_that_is_missing_or_empty_closes_even_with_auth_disabled(tmp_path):
+    f = tmp_path / "admin"
+    for s in (HiveSettings(admin_token_file=f, auth_disabled=True), HiveSettings(api_keys_file=f, auth_disabled=True)):
+        assert "holds no" in (check_admin_token(s, "Bearer x") if s.admin_token_file else check_api_key(s, "Bearer x"))
+    f.write_text("# nothing yet\n\n")
+    assert "holds no" in check_admin_token(HiveSettings(admin_token_file=f, auth_disabled=True), "Bearer x")
+    f.write_bytes(b"\xff\xfe")  # not UTF-8: no token, not a crash
+    assert "holds no" in check_admin_token(HiveSettings(admin_token_file=f), "Bearer x")
+
+
+def test_monitor_secret_file_is_reread_and_node_tokens_follow_it(tmp_path):
+    from hive_apps.core.auth import check_monitor_token, monitor_token_node, node_monitor_token
+
+    f = tmp_path / "monitor"
+    f.write_text("s1\n")
+    s = HiveSettings(monitor_token_file=f)
+    t1, t2 = node_monitor_token("s1", "node-a"), node_monitor_token("s2", "node-a")
+    assert monitor_token_node(s, f"Bearer {t1}") == "node-a" and monitor_token_node(s, f"Bearer {t2}") is None
+    f.write_text("s2\ns1\n")  # rotating: agents move to s2's tokens one by one
+    assert s.current_monitor_secrets() == ("s2", "s1")
+    assert monitor_token_node(s, f"Bearer {t1}") == "node-a" == monitor_token_node(s, f"Bearer {t2}")
+    f.write_text("s2\n")
+    assert monitor_token_node(s, f"Bearer {t1}") is None and check_monitor_token(s, f"Bearer {t2}") is None
+    assert "not an agent's token" in check_monitor_token(s, "Bearer s2")
+    f.unlink()
+    assert "HIVE_MONITOR_TOKEN_FILE" in check_monitor_token(s, f"Bearer {t2}")
+
+
+def test_a_token_and_its_file_together_are_refused(monkeypatch, tmp_path):
+    import pytest
+
+    from hive_apps.core.settings import SettingsError
+
+    monkeypatch.setenv("HIVE_ADMIN_TOKEN", "adm")
+    monkeypatch.setenv("HIVE_ADMIN_TOKEN_FILE", str(tmp_path / "admin"))
+    with pytest.raises(SettingsError) as e:
+        HiveSettings.from_env()
+    assert "set HIVE_ADMIN_TOKEN or HIVE_ADMIN_TOKEN_FILE, not both" in str(e.value)
+    monkeypatch.delenv("HIVE_ADMIN_TOKEN")
+    monkeypatch.setenv("HIVE_MONITOR_TOKEN_FILE", str(tmp_path / "monitor"))
+    s = HiveSettings.from_env()
+    assert s.admin_token_file == tmp_path / "admin" and s.monitor_token_file == tmp_path / "monitor"

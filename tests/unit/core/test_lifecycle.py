@@ -371,7 +371,7 @@ async def test_held_requests_get_503_with_the_reason_when_the_wake_fails(life):
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
     await life.settle("m")
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)))
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock)
     await hold.update({"m": await life.registry.get_model("m")})
     waiter = asyncio.create_task(hold.wait("m"))
     await asyncio.sleep(0.05)

@@ -35,7 +35,7 @@ async def test_a_model_held_for_while_it_cannot_wake_is_not_destroyed(life):
     assert (await life.settle("m")).status is ModelStatus.SLEEPING
     life.registry.book.records["m"].last_request_at = time.time() - 61  # its engines' last request: long ago
 
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)))
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock)
     await hold.update({"m": await life.registry.get_model("m")})
     held = asyncio.create_task(hold.wait("m"))  # a client asks for it now: the hold asks for a wake
     await asyncio.sleep(0.05)

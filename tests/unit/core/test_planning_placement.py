@@ -6,6 +6,7 @@ import pytest
 
 from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.planner import plan_deployment
+from hive_apps.core.planning.sizing import DEFAULT_SEQS
 from hive_apps.core.planning.types import PlanningError
 from hive_apps.core.spec import ModelSpec
 from tests.unit.planning_fixtures import cpu, fixture_path, gpu, profile
@@ -123,6 +124,21 @@ def test_conserve_tdp_policy_picks_the_frugal_card():
 def test_devices_without_hive_replicas_come_first():
     devices = [gpu("H100-80GB", "a", 0, hive_replicas=["other/r0"]), gpu("L4", "a", 1)]
     assert replica_devices(plan(SMALL, devices)) == [["a:gpu1"]]
+
+
+def test_demand_sized_deploys_pack_onto_the_fastest_card_that_holds_them():
+    def packed(devices, **spec_fields):  # as with HIVE_DEFAULT_DEMAND_SEQS=16
+        spec = ModelSpec(model_id="m", model=fixture_path(SMALL), **spec_fields)
+        return replica_devices(plan_deployment(spec, devices, profile(SMALL), demand_seqs=DEFAULT_SEQS))
+
+    devices = [gpu("H100-80GB", "a", 0, hive_replicas=["other/r0"]), gpu("L4", "a", 1)]
+    assert packed(devices) == [["a:gpu0"]]  # other models' replicas do not push it off
+    assert replica_devices(plan(SMALL, devices)) == [["a:gpu1"]]  # throughput-first (the default): unshared first
+    # among equal cards the one with the least room that holds it, so the emptier one stays whole
+    h100s = [gpu("H100-80GB", "a", 0), gpu("H100-80GB", "a", 1, used_gib=30, hive_replicas=["other/r0"])]
+    assert packed(h100s) == [["a:gpu1"]]
+    # replicas of one deploy still spread before they co-locate
+    assert packed(h100s, replicas=2) == [["a:gpu1"], ["a:gpu0"]]
 
 
 def test_more_replicas_than_devices_co_locate_and_split_capacity():

@@ -11,6 +11,7 @@ from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.memory import CUDA_CONTEXT_BYTES, KV_FLOOR_BYTES, MIB, kv_need
 from hive_apps.core.planning.planner import plan_deployment
 from hive_apps.core.planning.report import render_plan_table
+from hive_apps.core.planning.sizing import DEFAULT_SEQS
 from hive_apps.core.planning.types import EngineSettings, PlanningError
 from hive_apps.core.spec import ModelSpec
 from tests.unit.planning_fixtures import cpu, fixture_path, gpu, profile
@@ -82,6 +83,16 @@ def test_golden_plan(name, card):
     per_token = profile(name).kv_bytes_per_token(1)
     assert r.settings.kv_cache_memory_bytes == (r.settings.max_num_seqs * 2048 + 16) * per_token
     assert r.expected_tokens_per_s > 0
+
+
+def test_golden_default_demand_on_an_h100():
+    """With HIVE_DEFAULT_DEMAND_SEQS=16 and no max_concurrency the same card gets 16 sequences, a
+    quarter of it, not 0.838."""
+    spec = ModelSpec(model_id="m", model=fixture_path(QWEN8), max_input_prompt_length=1024, max_output_prompt_length=1024)
+    r = plan_deployment(spec, [gpu("H100-80GB", "a", 0)], profile(QWEN8), demand_seqs=DEFAULT_SEQS).replicas[0]
+    assert r.settings == EngineSettings(tensor_parallel_size=1, max_model_len=2048, max_num_seqs=DEFAULT_SEQS,
+                                        max_num_batched_tokens=256, gpu_memory_utilization=0.255,
+                                        kv_cache_memory_bytes=4834197504, enforce_eager=False)
 
 
 def test_golden_qwen3_8b_does_not_fit_a_t4():

@@ -9,6 +9,7 @@ import asyncio
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 from hive_apps.control.cluster import set_cluster
 from hive_apps.core.planning.types import ReplicaPlan
@@ -69,6 +70,7 @@ async def gateway():
     await h.start_registry()
     await h.sample()
     app = make_gateway_app(h.cluster, SETTINGS)
+    h.gateway_app = app  # type: ignore[attr-defined]  # tests that change its settings
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:
             yield h, client
@@ -175,3 +177,150 @@ async def test_a_request_for_a_sleeping_model_is_held_while_it_wakes(gateway):
     assert rec.status is ModelStatus.READY, rec.message
     r = await asyncio.wait_for(held, 5)
     assert r.status_code == 200, r.text
+
+
+# --- the OpenAI surface: every route on both entries, forms, response ids, CORS --------------------
+def echo_other_routes(sim: SimEngine) -> None:
+    """The sim serves chat, completions and embeddings; every other route echoes what reached the
+    engine, so a test sees the vLLM route a client's path was forwarded to."""
+
+    @sim.app.api_route("/{rest:path}", methods=["GET", "POST"])
+    async def echo(request: Request):
+        body = await request.body()
+        return {"method": request.method, "path": request.url.path, "query": request.url.query,
+                "content_type": request.headers.get("content-type", ""), "bytes": len(body)}
+
+
+@pytest.fixture
+async def both(gateway, monkeypatch):
+    """(the hive, one client per entry: the gateway at /v1, model m's router at /m), m served by an echoing sim."""
+    from hive_apps.serving.routing import router as router_module
+
+    h, gateway_client = gateway
+    rec = await serving(h)
+    echo_other_routes(h.cluster.sims[("m", 0)])
+    monkeypatch.setattr(router_module, "get_settings", lambda: SETTINGS)
+    router = router_module.Router("m", [h.cluster.engine_handle("m", 0)], rec.plan.replicas, 8)
+    h.router = router
+
+    async def app(scope, receive, send):
+        await (await router.answer(Request(scope, receive)))(scope, receive, send)
+
+    transport = httpx.ASGITransport(app=app, root_path="/m")
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hive") as router_client:
+            yield h, {"/v1": (gateway_client, ""), "/m": (router_client, "/m")}
+    finally:
+        router._follower.cancel()
+        router._sets.keep_only(set())
+        await asyncio.sleep(0.05)
+
+
+GATEWAY_ROUTES = {  # what a client sends on /v1 -> the vLLM route it reaches
+    "/v1/score": "/score", "/v1/rerank": "/rerank", "/v1/classify": "/classify",
+    "/v1/tokenize": "/tokenize", "/v1/detokenize": "/detokenize",
+}
+ROUTER_ONLY = {"/score": "/score", "/rerank": "/rerank", "/v2/rerank": "/v2/rerank", "/classify": "/classify",
+               "/tokenize": "/tokenize", "/detokenize": "/detokenize"}  # vLLM's names outside /v1: below /<model_id> only
+
+
+async def test_each_route_reaches_its_vllm_route_on_both_entries(both):
+    _, clients = both
+    for entry, (client, prefix) in clients.items():
+        table = {**GATEWAY_ROUTES, **(ROUTER_ONLY if entry == "/m" else {})}
+        for path, vllm_route in table.items():
+            r = await client.post(prefix + path, headers=AUTH, json={"model": "m", "prompt": "hi", "text_1": "a"})
+            assert r.status_code == 200, (entry, path, r.text)
+            assert r.json()["path"] == vllm_route and r.headers["x-hive-replica"], (entry, path)
+            openai_shaped(await client.post(prefix + path, headers=AUTH, json={"prompt": "hi"}), 400, "model")
+        r = await client.post(prefix + "/v1/embeddings", headers=AUTH, json={"model": "m", "input": "a"})
+        assert r.status_code == 200 and r.json()["data"][0]["embedding"], (entry, r.text)  # the sim's own route
+    gateway_client, _ = clients["/v1"]
+    err = openai_shaped(await gateway_client.post("/v1/pooling", headers=AUTH, json={"model": "m"}), 404)
+    assert "/v1/tokenize" in err["message"] and "/v1/responses/{id}" in err["message"]  # says what is served
+    router_client, _ = clients["/m"]
+    openai_shaped(await router_client.post("/m/pooling", headers=AUTH, json={"model": "m"}), 404)
+
+
+async def test_an_audio_form_is_routed_by_its_model_field_on_both_entries(both):
+    _, clients = both
+    audio = b"RIFF" + bytes(3 * 2**20)  # past the size parsed on the event loop
+    for entry, (client, prefix) in clients.items():
+        for route in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+            r = await client.post(prefix + route, headers=AUTH, data={"model": "m", "language": "en"},
+                                  files={"file": ("a.wav", audio, "audio/wav")})
+            assert r.status_code == 200, (entry, r.text)
+            echoed = r.json()
+            assert echoed["path"] == route and echoed["content_type"].startswith("multipart/form-data; boundary=")
+            assert echoed["bytes"] > len(audio)  # the form went on whole, boundary included
+    gateway_client, _ = clients["/v1"]
+    r = await gateway_client.post("/v1/audio/transcriptions", headers=AUTH, data={"language": "en"},
+                                  files={"file": ("a.wav", b"RIFF", "audio/wav")})
+    assert "multipart form" in openai_shaped(r, 400, "model")["message"]
+    r = await gateway_client.post("/v1/audio/transcriptions", headers=AUTH, data={"model": "ghost"},
+                                  files={"file": ("a.wav", b"RIFF", "audio/wav")})
+    openai_shaped(r, 404, "model")
+    big = b"x" * (MAX_BODY_BYTES + 1)
+    r = await gateway_client.post("/v1/audio/transcriptions", headers=AUTH, data={"model": "m"},
+                                  files={"file": ("a.wav", big, "audio/wav")})
+    openai_shaped(r, 413)  # the body cap holds for forms
+
+
+async def test_a_response_id_reaches_the_model_named_in_the_query_or_route(both):
+    _, clients = both
+    gateway_client, _ = clients["/v1"]
+    r = await gateway_client.get("/v1/responses/resp_42?model=m&stream=false", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["path"] == "/v1/responses/resp_42" and "stream=false" in r.json()["query"]
+    r = await gateway_client.post("/v1/responses/resp_42/cancel?model=m", headers=AUTH)
+    assert r.status_code == 200 and r.json()["path"] == "/v1/responses/resp_42/cancel", r.text
+    assert "?model=" in openai_shaped(await gateway_client.get("/v1/responses/resp_42", headers=AUTH), 400, "model")["message"]
+    router_client, _ = clients["/m"]
+    r = await router_client.get("/m/v1/responses/resp_42", headers=AUTH)
+    assert r.status_code == 200 and r.json()["path"] == "/v1/responses/resp_42", r.text
+
+
+async def test_cors_is_off_unless_origins_are_listed(gateway):
+    _, client = gateway
+    preflight = {"origin": "https://app.example.com", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type, x-stainless-os"}
+    r = await client.options("/v1/chat/completions", headers=preflight)
+    assert r.status_code == 401 and "access-control-allow-origin" not in r.headers  # not a preflight answer
+    r = await chat(client, "ghost")
+    assert "access-control-allow-origin" not in r.headers and "vary" not in r.headers
+
+
+async def test_listed_origins_get_preflights_and_readable_answers_on_both_entries(both):
+    h, clients = both
+    cors = SETTINGS.model_copy(update={"cors_origins": ["https://app.example.com"]})
+    h.gateway_app.settings = h.router.settings = cors
+    origin = {"origin": "https://app.example.com"}
+    preflight = {**origin, "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type, x-stainless-os"}
+    for entry, (client, prefix) in clients.items():
+        r = await client.options(prefix + "/v1/chat/completions", headers=preflight)  # no key: browsers send none
+        assert r.status_code == 204, (entry, r.text)
+        assert r.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "x-stainless-os" in r.headers["access-control-allow-headers"]  # the OpenAI JS SDK's own headers
+        r = await client.options(prefix + "/v1/chat/completions", headers={**preflight, "origin": "https://evil.example"})
+        assert r.status_code == 403 and "HIVE_CORS_ORIGINS" in r.json()["error"]["message"], entry
+        body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        r = await client.post(prefix + "/v1/chat/completions", headers={**AUTH, **origin}, json=body)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example.com", entry
+        assert "x-hive-replica" in r.headers["access-control-expose-headers"] and r.headers["vary"] == "Origin"
+        r = await client.post(prefix + "/v1/chat/completions", headers={**AUTH, "origin": "https://evil.example"}, json=body)
+        assert "access-control-allow-origin" not in r.headers and r.headers["vary"] == "Origin", entry
+        r = await client.get(prefix + "/v1/models", headers=origin)  # an error is readable by the page too
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://app.example.com", entry
+
+
+def test_cors_origins_are_origins():
+    from hive_apps.core.settings import SettingsError
+
+    assert HiveSettings(cors_origins="https://App.example.com/, http://localhost:3000,*").cors_origins == [
+        "https://app.example.com", "http://localhost:3000", "*"]
+    assert HiveSettings().cors_origins == []
+    for bad in ("app.example.com", "https://app.example.com/chat", "ftp://x"):
+        with pytest.raises((ValueError, SettingsError)):
+            HiveSettings(cors_origins=bad)

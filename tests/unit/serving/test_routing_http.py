@@ -82,6 +82,63 @@ async def test_a_large_body_is_parsed_off_the_event_loop(monkeypatch):
     assert len(parsed_on) == 2 and parsed_on[0] == threading.get_ident() != parsed_on[1]
 
 
+# --- multipart forms (audio) and response ids ---------------------------------------------------
+def audio_form(fields: dict[str, str], audio: bytes = b"RIFF" + bytes(1000)) -> ForwardedRequest:
+    """A transcription request as the OpenAI SDK sends it: text fields and the file in one multipart body."""
+    import httpx
+
+    sent = httpx.Request("POST", "http://hive/v1/audio/transcriptions", data=fields,
+                         files={"file": ("a.wav", audio, "audio/wav")})
+    return ForwardedRequest(path="/v1/audio/transcriptions", headers=[("content-type", sent.headers["content-type"])],
+                            body=sent.read())
+
+
+def test_the_model_of_a_multipart_form_is_found_without_copying_the_file():
+    import tracemalloc
+
+    req = audio_form({"model": "whisper", "stream": "true", "language": "en"})
+    assert http.body_fields(req) == BodyFields("whisper", True, None)
+    assert http.body_fields(audio_form({"model": "whisper"})) == BodyFields("whisper", False, None)
+    assert http.body_fields(audio_form({"language": "en"})).model is None
+    big = audio_form({"model": "whisper"}, audio=bytes(8 * MiB))
+    tracemalloc.start()
+    try:
+        assert http.body_fields(big).model == "whisper"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < MiB, peak  # the 8 MiB file is read in place, never buffered a second time
+
+
+def test_a_malformed_or_odd_form_names_no_model():
+    req = audio_form({"model": "whisper"})
+    ct = dict(req.headers)["content-type"]
+    assert http.form_fields("multipart/form-data", req.body, http.FORM_FIELDS) == {}  # no boundary
+    assert http.form_fields(ct, b"not a form at all", http.FORM_FIELDS) == {}
+    assert http.body_fields(audio_form({"model": "m" * (http.MAX_FORM_FIELD_BYTES + 1)})).model is None
+    sent_as_file = audio_form({}, audio=b"whisper")  # a file part named 'file' is never read as a field
+    assert http.form_fields(dict(sent_as_file.headers)["content-type"], sent_as_file.body, frozenset({"file"})) == {}
+
+
+async def test_a_large_form_is_parsed_off_the_event_loop(monkeypatch):
+    on: list[int] = []
+    fields = http.form_fields
+
+    def spy(*args):
+        on.append(threading.get_ident())
+        return fields(*args)
+
+    monkeypatch.setattr(http, "form_fields", spy)
+    assert (await http.parse_fields(audio_form({"model": "w"}, audio=bytes(2 * MiB)))).model == "w"
+    assert on and on[0] != threading.get_ident()
+
+
+def test_a_response_id_names_its_model_in_the_query():
+    get = ForwardedRequest(method="GET", path="/v1/responses/resp_1", query="model=m&stream=true&starting_after=3")
+    assert http.body_fields(get) == BodyFields("m", True, None)
+    assert http.body_fields(ForwardedRequest(method="GET", path="/v1/responses/resp_1")) == BodyFields(None, False, None)
+
+
 # --- failure text -------------------------------------------------------------------------------
 TRACEBACK = ("an engine failed to start: RuntimeError: CUDA out of memory | details: Traceback (most recent call "
              "last):\n  File \"/home/ray/anaconda3/lib/python3.11/site-packages/vllm/engine.py\", line 88\n"

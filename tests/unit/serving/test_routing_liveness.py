@@ -40,7 +40,7 @@ async def test_a_replica_the_failover_marked_is_skipped_by_choice_bound_and_spli
     r0, r1 = rs.views[0], rs.views[1]
     assert not is_live(r0) and is_live(r1)
     assert choose_replica(rs.replica_views()).index == 1
-    assert [v.index for v in rs._attempts(prefer=0)] == [1], "the failover does not prefer it either"
+    assert [v.index for v, _, _ in rs._attempts(prefer=0)] == [1], "the failover does not prefer it either"
     assert plan_split(COMPLETIONS, {"prompt": ["a", "b", "c", "d"]}, rs.replica_views()) is None, "one live replica"
     r1.in_flight = r1.capacity + rs.queue_bound
     assert queue_full(rs.replica_views(), rs.queue_bound), "r0's free slots do not count"

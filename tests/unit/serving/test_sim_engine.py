@@ -209,3 +209,42 @@ async def test_chat_media_costs_tokens_per_item_and_respects_the_limit_per_promp
     assert status == 400 and body["error"]["message"] == "At most 1 image(s) may be provided in one prompt."
     status, body = await ask({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}})
     assert status == 400 and "At most 0 audio(s)" in body["error"]["message"]
+
+
+def _turns(*texts: str) -> dict:
+    msgs = [{"role": "system", "content": "Answer briefly and well. " * 200}]  # ~5 KB, ~1250 tokens
+    msgs += [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+    return {"model": "sim-model", "max_tokens": 1, "messages": msgs}
+
+
+async def _timed_chat(e: SimEngine, body: dict) -> float:
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    status, _ = await e.call_json("/v1/chat/completions", body)
+    assert status == 200
+    return loop.time() - t
+
+
+async def test_prefix_cache_hit_skips_the_cached_prefill():
+    e = await engine(max_num_seqs=4, max_model_len=4096, sim_tokens_per_s=50)  # prefill 2500 tokens/s
+    cold = await _timed_chat(e, _turns("What is a hive?"))
+    assert e.info()["prefix_cache"]["hits"] == 0 and e.info()["prefix_cache"]["queries"] > 1000
+    warm = await _timed_chat(e, _turns("What is a hive?", "A home.", "And a router?"))
+    stats = e.info()["prefix_cache"]
+    assert stats["hits"] >= 1200, stats  # the system prompt and the first turn, in 16-token blocks
+    assert warm < cold - 0.3, (cold, warm)  # ~0.5 s of prefill became ~0.01 s
+
+
+async def test_prefix_cache_is_bounded_by_the_planned_blocks_and_can_be_off():
+    e = await engine(max_num_seqs=1, max_model_len=512, sim_tokens_per_s=5000)  # 512 / 16 = 32 blocks
+    assert e.prefix_cache is not None and e.prefix_cache.capacity == 32
+    await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 1600, "max_tokens": 1})  # 25 blocks
+    await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "b" * 1600, "max_tokens": 1})  # evicts most of a
+    hits = e.prefix_hits
+    await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 1600, "max_tokens": 1})
+    assert e.prefix_hits - hits < 25 * 16 // 2, "a's blocks were evicted (leaf first) by b's"
+    assert len(e.prefix_cache.keys) <= 32
+    off = await engine(sim_tokens_per_s=5000, enable_prefix_caching=False)
+    for _ in range(2):
+        await off.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 400, "max_tokens": 1})
+    assert off.prefix_cache is None and off.info()["prefix_cache"] == {"queries": 0, "hits": 0}
