@@ -22,11 +22,3 @@ def hive():
     h = start_hive(NODES, env=HAPROXY_ENV)
     yield h
     stop_hive(h)
-
-
-@pytest.fixture
-def clean(hive):
-    """Every test starts and ends with no model deployed."""
-    hive.admin.delete("/models")
-    yield hive
-    hive.admin.delete("/models")

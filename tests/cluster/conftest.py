@@ -74,14 +74,6 @@ def hive(fake_hub, hub_shas, weight_caches):
     stop_hive(h)
 
 
-@pytest.fixture
-def clean(hive):
-    """Every test starts and ends with no model deployed."""
-    hive.admin.delete("/models")
-    yield hive
-    hive.admin.delete("/models")
-
-
 def pytest_collection_modifyitems(items):
     """``test_fake_nvml.py`` starts its own small cluster, so it runs before any test of the
     package's shared one (whatever the file names sort as)."""

@@ -61,11 +61,11 @@ def test_one_request_id_through_proxy_router_and_engine_and_no_secrets_in_the_lo
     assert replaced != bad and len(replaced) <= 128 and " " not in replaced
     made = hive.api.post("/v1/chat/completions", json=body).headers["x-request-id"]
 
-    text = wait_for_logs(hive, f"request_id={mine}", f"request_id={replaced}", made, engine_id=mine)
+    text = wait_for_logs(hive, f"request_id={mine}", replaced, made, engine_id=mine)
     lines = [ln for ln in text.splitlines() if mine in ln]
     assert engine_line(text, mine), "the engine logs the request with the client's id"
     assert any("proxy" in ln.lower() or "Gateway" in ln for ln in lines), "the gateway/proxy lines carry the same id"
-    assert f"request_id={replaced}" in text and made in text
+    assert replaced in text and made in text  # the proxy and the gateway log the ids they made
     assert bad.split()[-1] not in text, "a malformed id is never logged"
     for secret in (API_KEY, ADMIN_TOKEN, prompt):
         assert secret not in text, f"{secret!r} leaked into the Serve logs"

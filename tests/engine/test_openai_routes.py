@@ -85,8 +85,8 @@ def test_classify_reaches_vllms_classify_on_both_routes(hive, classifier):
         assert r.status_code == 200, (path, r.text)
         data = r.json()["data"]
         assert len(data) == 2 and len(data[0]["probs"]) == 1
-        probs.append([d["probs"] for d in data])
-    assert all(p == pytest.approx(probs[0], abs=1e-4) for p in probs)
+        probs.append([x for d in data for x in d["probs"]])
+    assert all(p == pytest.approx(probs[0], abs=1e-4) for p in probs)  # the same engine on every route
     r = post(hive, f"/{classifier}/score", json={"model": classifier, "text_1": "q", "text_2": ["a", "b"]})
     assert r.status_code == 200 and len(r.json()["data"]) == 2, r.text  # a cross-encoder scores too
 

@@ -98,6 +98,13 @@ def restore_node_environment() -> list[str]:
 # ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
 WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
 WARM_UP_TOKENS = 4  # greedy: its answer is the engine's fingerprint, checked again after a wake
+# A pooling engine's warm-up by the task it serves (vLLM mounts only its own routes): the route, the
+# body, and the field of its first result kept as the fingerprint.
+POOLING_WARM_UP: dict[str, tuple[str, dict[str, Any], str]] = {
+    "embed": ("/v1/embeddings", {"input": WARM_UP_PROMPT}, "embedding"),
+    "classify": ("/classify", {"input": WARM_UP_PROMPT}, "probs"),
+    "score": ("/score", {"text_1": WARM_UP_PROMPT, "text_2": WARM_UP_PROMPT}, "score"),
+}
 
 
 async def _collect(items: AsyncIterator[ResponseStart | bytes]) -> tuple[ResponseStart, bytes]:
@@ -129,6 +136,7 @@ class EngineBase:
     model_id: str
     replica: ReplicaPlan
     runner: str = "generate"
+    pooling_task: str = "embed"  # a pooling engine's warm-up route: embed, classify or score (what it serves)
 
     def __init__(self) -> None:
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
@@ -209,7 +217,8 @@ class EngineBase:
         if self.runner == "pooling":
             # the long prompt here too: a decoder run as an embedder (runner=pooling, convert=embed)
             # takes the same AMX path and died on "ready?" (2 tokens)
-            status, body = await self.call_json("/v1/embeddings", {"model": self.model_id, "input": WARM_UP_PROMPT})
+            path, payload, field = POOLING_WARM_UP[self.pooling_task]
+            status, body = await self.call_json(path, {"model": self.model_id, **payload})
         else:
             status, body = await self.call_json(
                 "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, "max_tokens": WARM_UP_TOKENS,
@@ -217,7 +226,7 @@ class EngineBase:
             )
         if status != 200:
             raise EngineStartError(f"warm-up request failed with HTTP {status}: {body}")
-        self.last_answer = body["data"][0]["embedding"] if self.runner == "pooling" else body["choices"][0]["text"]
+        self.last_answer = body["data"][0][field] if self.runner == "pooling" else body["choices"][0]["text"]
         if self.answer is None:  # the engine's first: what every wake must give again
             self.answer = self.last_answer
         return time.perf_counter() - t0

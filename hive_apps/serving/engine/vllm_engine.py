@@ -136,6 +136,7 @@ class VLLMEngine(EngineBase):
                 )
                 tasks = await self.engine.get_supported_tasks()
                 self.runner = "generate" if "generate" in tasks else "pooling"
+                self.pooling_task = next((t for t in ("embed", "classify", "score") if t in tasks), "embed")
                 self.app = build_app(args, tasks, self.engine.model_config)
                 await init_app_state(self.engine, self.app.state, args, tasks)
                 self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death

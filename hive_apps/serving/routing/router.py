@@ -108,9 +108,10 @@ class Router(OpenAIEntry):
                 await asyncio.wait_for(self._first_view.wait(), FIRST_VIEW_TIMEOUT_S)
         wanted = model_object_id(request.method, path)
         if wanted is not None:
-            if wanted != self.model_id or self.record is None or self.record.status not in LISTED:
+            rec = await self._current()  # a deploy that just answered ready: its record may not be here yet
+            if wanted != self.model_id or rec is None or rec.status not in LISTED:
                 return openai_error(404, f"The model `{wanted}` does not exist here; this route serves `{self.model_id}`.", "model")
-            return JSONResponse(model_object(self.record))
+            return JSONResponse(model_object(rec))
         if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
             return openai_error(404, f"no OpenAI route {request.method} {path} under /{self.model_id}")
         return None
