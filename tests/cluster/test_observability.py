@@ -197,6 +197,7 @@ def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(
     import os
     import shutil
 
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -219,8 +220,18 @@ def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(
         browser.get(hive.url + "/admin/")
         browser.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
         browser.find_element(By.CSS_SELECTOR, "#auth button").click()
-        wait = WebDriverWait(browser, 60, poll_frequency=0.5)
+        # the page redraws its rows every refresh: an element found a moment ago can be gone, so every
+        # lookup and click is retried until it holds (a stale element is ignored and looked up again)
+        wait = WebDriverWait(browser, 60, poll_frequency=0.5,
+                             ignored_exceptions=[StaleElementReferenceException, IndexError])
         row = lambda m: browser.find_elements(By.CSS_SELECTOR, f'tr[data-model="{m}"]')  # noqa: E731
+
+        def click(model: str, action: str) -> None:
+            def once(_) -> bool:
+                row(model)[0].find_element(By.CSS_SELECTOR, f'[data-action="{action}"]').click()
+                return True
+            wait.until(once)
+
         status = lambda m: row(m)[0].find_element(By.CSS_SELECTOR, "[data-status]").get_attribute("data-status")  # noqa: E731
         wait.until(lambda _: row("busy") and row("napper"))
 
@@ -232,28 +243,30 @@ def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(
         assert "kept by the hive since" in browser.find_element(By.ID, "since").text
 
         # a value with markup is text: no element came of it, and the tab's title is untouched
-        assert hostile in row("napper")[0].text
+        wait.until(lambda _: hostile in row("napper")[0].text)
         assert not browser.find_elements(By.CSS_SELECTOR, "#models img, #nodes img") and browser.title == "Ray Hive status"
 
         # the why of a placement: the detail view lists the devices the planner did not choose
-        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="detail"]').click()
+        click("napper", "detail")
         wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '[data-detail="napper"] [data-plan-replica="r0"]'))
-        rejected = {e.get_attribute("data-rejected") for e in browser.find_elements(By.CSS_SELECTOR, "[data-rejected]")}
+        rejected = wait.until(lambda _: ({e.get_attribute("data-rejected")  # a 1-tuple: an empty set is an answer
+                                          for e in browser.find_elements(By.CSS_SELECTOR, "[data-rejected]")},))[0]
         api_rejected = {x["device"] for x in hive.admin.get("/models/napper").json()["rejected"]}
         assert rejected == api_rejected, (rejected, api_rejected)
 
         # sleep now, then wake now, from the page (sleeping drops no traffic: no confirmation asked)
-        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="sleep"]').click()
+        click("napper", "sleep")
         wait.until(lambda _: status("napper") == "sleeping" and row("napper")[0].find_elements(By.CSS_SELECTOR, "[data-action=wake]"))
-        assert row("napper")[0].find_element(By.CSS_SELECTOR, "[data-status] time").get_attribute("title")  # "for 3 s", hover: when
-        row("napper")[0].find_element(By.CSS_SELECTOR, '[data-action="wake"]').click()
+        assert wait.until(lambda _: row("napper")[0].find_element(By.CSS_SELECTOR, "[data-status] time")
+                          .get_attribute("title"))  # "for 3 s", hover: when
+        click("napper", "wake")
         wait.until(lambda _: status("napper") == "ready")
         assert hive.admin.get("/models/napper").json()["last_wake"] is not None
         if os.environ.get("HIVE_STATUS_SCREENSHOT"):
             browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
 
         # a refused action shows the API's message: delete asks first (it drops traffic), then goes
-        row("busy")[0].find_element(By.CSS_SELECTOR, '[data-action="delete"]').click()
+        click("busy", "delete")
         browser.switch_to.alert.accept()
         wait.until(lambda _: not row("busy"))
         assert "delete busy" in browser.find_element(By.ID, "notice").text
