@@ -50,11 +50,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_routing import VirtualClockLoop, derive_classes, has_content, now, pct, replica_classes  # noqa: E402
+from bench_routing import (  # noqa: E402
+    VirtualClockLoop,
+    derive_classes,
+    has_content,
+    now,
+    pct,
+    poll_loads,
+    replica_classes,
+)
 
 from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart  # noqa: E402
 from hive_apps.serving.engine.sim_engine import SimEngine  # noqa: E402
-from hive_apps.serving.routing.liveness import LOAD_POLL_S  # noqa: E402
 from hive_apps.serving.routing.policy import ReplicaView, choose_replica, prompt_tokens_estimate  # noqa: E402
 from hive_apps.serving.routing.prefix import (  # noqa: E402
     ROUTE_BLOCK_TOKENS,
@@ -152,11 +159,7 @@ class BenchRouter:
         self.next = 0
 
     async def poll_load(self) -> None:
-        while True:
-            for view, e in zip(self.views, self.engines):
-                res = e.load()
-                view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
-            await asyncio.sleep(LOAD_POLL_S)
+        await poll_loads(self.views, self.engines)
 
     def pick(self, body: dict, tokens: int) -> tuple[ReplicaView, int]:
         """The replica and the prompt tokens it is taken to have cached."""

@@ -169,6 +169,15 @@ async def build_engines(fleet: list[GpuClass]) -> list[SimEngine]:
     return engines
 
 
+async def poll_loads(views: list[ReplicaView], engines: list[SimEngine]) -> None:
+    """A router's load poll: every LOAD_POLL_S, each replica's running and waiting requests."""
+    while True:
+        for view, e in zip(views, engines):
+            res = e.load()
+            view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+        await asyncio.sleep(LOAD_POLL_S)
+
+
 class BenchRouter:
     """What serving/routing/router.py keeps per model, with a pluggable choice."""
 
@@ -179,11 +188,7 @@ class BenchRouter:
         self.next = 0
 
     async def poll_load(self) -> None:
-        while True:
-            for view, e in zip(self.views, self.engines):
-                res = e.load()
-                view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
-            await asyncio.sleep(LOAD_POLL_S)
+        await poll_loads(self.views, self.engines)
 
     def pick(self) -> ReplicaView:
         if self.policy == "least-loaded":
