@@ -186,7 +186,8 @@ def test_a_control_plane_kill_during_a_wake_loses_no_held_request(clean, app):
     async def held_while_killed():
         async with httpx.AsyncClient(timeout=120) as client:
             asks = [asyncio.create_task(client.post(f"{hive.url}/v1/chat/completions", json=chat("steady", f"q{i}"),
-                                                    headers=AUTH)) for i in range(3)]
+                                                    headers=AUTH)) for i in range(2)]
+            # two, not more: one key may hold half of a gateway replica's share (8 / 2 replicas / 2)
             await asyncio.sleep(1.0)
             actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"{app}#" in a["name"]]
             ray.kill(ray.get_actor(actors[0], namespace="serve"), no_restart=True)
