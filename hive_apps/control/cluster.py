@@ -63,6 +63,7 @@ class NodeFetcher:
     source credentials are read from this node's own environment, never sent from another node."""
 
     def __init__(self, node_name: str):
+        """A composition root: Ray builds it on its node, whose settings (HIVE_WEIGHTS_CACHE) it reads."""
         from hive_apps.core.settings import get_settings
         from hive_apps.core.weights.fetcher import WeightFetcher
 
@@ -129,7 +130,10 @@ async def off_loop(fn, *args, timeout: float | None = None):
 class RayCluster:
     """The real thing: Ray and Serve of the cluster this process belongs to."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str | None = None) -> None:
+        """``namespace``: the Ray namespace of the hive's named actors (the nodes' weight fetchers),
+        HIVE_STATE_NAMESPACE; the admin's root gives it, a process that calls no fetcher need not."""
+        self.namespace = namespace
         self._handles: dict[str, Any] = {}
         self._serve_lock = threading.Lock()
         self._monitors: dict[str, Any] = {}  # node id -> its monitor actor
@@ -252,15 +256,17 @@ class RayCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from hive_apps.control.registry.monitor import node_name_of
-        from hive_apps.core.settings import get_settings
 
         actor = self._fetchers.get(node_id)
         if actor is None:
+            if self.namespace is None:
+                raise RuntimeError("this process's cluster seam has no namespace for the weight fetchers "
+                                   "(RayCluster(namespace=HIVE_STATE_NAMESPACE))")
             labels = next((n.labels for n in self.nodes() if n.node_id == node_id), None)
             if labels is None:
                 raise LookupError(f"node {node_id[:12]} is not in the cluster")
             actor = ray.remote(NodeFetcher).options(
-                name=f"hive-fetcher-{node_id}", namespace=get_settings().state_namespace, get_if_exists=True,
+                name=f"hive-fetcher-{node_id}", namespace=self.namespace, get_if_exists=True,
                 lifetime="detached", num_cpus=0, max_concurrency=16,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(node_name_of(node_id, labels))

@@ -15,11 +15,12 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from hive_apps.core.planning.planner import plan_deployment
-from hive_apps.core.planning.source_profile import load_source_profile
+from hive_apps.core.planning.source_profile import load_source_profile, metadata_dir
 from hive_apps.core.planning.types import DeviceCapacity, Plan, PlanningError, Rejection
 from hive_apps.core.settings import get_settings
 from hive_apps.core.spec import ModelSpec
@@ -38,14 +39,16 @@ class PlanOutcome(BaseModel):
 
 def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
                   pending: list[ModelSpec] | None = None, as_asked: bool = False,
-                  weights: Manifest | None = None, demand_seqs: int | None = None) -> PlanOutcome:
+                  weights: Manifest | None = None, demand_seqs: int | None = None,
+                  metadata: Path | None = None) -> PlanOutcome:
     """``pending``: deploys still to be planned after this one (``packing.py``); one whose profile
     cannot be loaded is left out (its own deploy reports why). ``as_asked``: ``spec`` is a body a
     user just sent, so the fields it set are known (a stored spec has every field set). ``weights``:
-    the revision the model's deploy pinned (a wake, a heal), planned again without asking its source."""
+    the revision the model's deploy pinned (a wake, a heal), planned again without asking its source.
+    ``metadata``: where a Hub or S3 source's config files are fetched (None: folder sources only)."""
     manifest = weights
     try:
-        profile, manifest = load_source_profile(spec.model, spec.vllm_kwargs, weights)
+        profile, manifest = load_source_profile(spec.model, spec.vllm_kwargs, weights, metadata=metadata)
         if as_asked and profile.runner == "pooling" and "max_output_prompt_length" in spec.model_fields_set \
                 and spec.max_output_prompt_length != 0:
             return PlanOutcome(status_code=422, error=(
@@ -54,7 +57,7 @@ def plan_or_error(spec: ModelSpec, devices: list[DeviceCapacity],
         others = []
         for p in pending or []:
             try:
-                others.append((p, load_source_profile(p.model, p.vllm_kwargs)[0]))
+                others.append((p, load_source_profile(p.model, p.vllm_kwargs, metadata=metadata)[0]))
             except PlanningError:
                 continue
         plan = plan_deployment(spec, devices, profile, pending=others, demand_seqs=demand_seqs)
@@ -104,9 +107,11 @@ def _warm() -> None:
 class PlanWorker:
     """One planning process at a time, killed and replaced when a plan outlives its deadline."""
 
-    def __init__(self, timeout_s: float, without_torch: bool = False, demand_seqs: int | None = None):
+    def __init__(self, timeout_s: float, without_torch: bool = False, demand_seqs: int | None = None,
+                 metadata: Path | None = None):
         self.timeout_s = timeout_s
         self.demand_seqs = demand_seqs  # HIVE_DEFAULT_DEMAND_SEQS
+        self.metadata = metadata  # the metadata cache in HIVE_WEIGHTS_CACHE (None: folder sources only)
         self.without_torch = without_torch
         self._pool: ProcessPoolExecutor | None = None
         self._one_at_a_time = asyncio.Lock()  # the deadline counts a plan's own time, not its queue
@@ -152,7 +157,8 @@ class PlanWorker:
             async with self._one_at_a_time:
                 await self._ensure_warm()
                 return await asyncio.wait_for(loop.run_in_executor(
-                    self._executor(), plan_or_error, spec, devices, pending, as_asked, weights, self.demand_seqs),
+                    self._executor(), plan_or_error, spec, devices, pending, as_asked, weights, self.demand_seqs,
+                    self.metadata),
                     self.timeout_s)
         except TimeoutError:
             self._replace()
@@ -172,7 +178,8 @@ class Planner:
         settings = get_settings()
         user_code = bool(settings.hook_packages) or settings.trust_remote_code
         self.worker = PlanWorker(settings.plan_timeout_s, without_torch=not user_code,
-                                 demand_seqs=settings.default_demand_seqs or None)
+                                 demand_seqs=settings.default_demand_seqs or None,
+                                 metadata=metadata_dir(settings.weights_cache))
         self._warming = asyncio.get_running_loop().create_task(self.worker.warm_up())
 
     async def plan(self, spec: ModelSpec, devices: list[DeviceCapacity],

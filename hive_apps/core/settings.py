@@ -199,4 +199,7 @@ _key_file, _admin_file, _monitor_file = _KeyFile(), _KeyFile(), _KeyFile()
 
 @lru_cache(maxsize=1)
 def get_settings() -> HiveSettings:
+    """This process's settings, read from its environment once. Called only at composition roots (a
+    Serve deployment's constructor, a Ray actor's on its node, a CLI's main), which pass the settings,
+    or the values they need, to what they build; ``tests/unit/test_layering.py`` lists the roots."""
     return HiveSettings.from_env()

@@ -3,6 +3,25 @@
 It is shared by the admin (validation), the planner (sizing) and the registry (the record
 of a model), so it lives outside any one subsystem. Every field error names the field and
 how to fix it, because that text is what the user sees in the 4xx body.
+
+Two kinds of checks, and which run depends on the pydantic validation context:
+
+* shape, always: field types and bounds, the model id slug, device names, a source the hive can
+  parse (no ``..``), and the ``vllm_kwargs`` rules no setting changes (value types, the keys the
+  hive never passes on, sim-engine keys, vLLM's old ``task``);
+* the operator's policy, only when the context carries the settings (``context={SETTINGS:
+  settings}``, or ``ModelSpec.under_policy(body, settings)``): a folder under HIVE_MODEL_ROOT,
+  and the ``vllm_kwargs`` HIVE_VLLM_KWARGS_ALLOW, HIVE_TRUST_REMOTE_CODE and HIVE_HOOK_PACKAGES
+  allow.
+
+A spec built without settings in context (in code, in a unit test, unpickled, a stored record
+re-read) is checked for shape only: the policy is today's, and it binds what a user sends now.
+So every place a request body becomes a ``ModelSpec`` validates it ``under_policy``: each admin route
+that takes a spec (``control/admin/ingress.py``) and each declared model (``control/admin/declared.py``);
+``tests/unit/control/test_admin_policy.py`` checks the routes. A stored record is
+read back with ``STORED`` (``core/state/records.py``) and never refused by today's policy; the
+registry passes its settings there too, so one the policy would refuse now keeps running with
+the reason in its status (``ModelRecord.policy_warning``).
 """
 
 from __future__ import annotations
@@ -10,17 +29,26 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from hive_apps.core.settings import get_settings
+from hive_apps.core.settings import HiveSettings
 from hive_apps.core.vllm_args import vllm_kwargs_problems
 
 RESERVED_MODEL_IDS = frozenset({"admin", "v1", "docs", "openapi.json", "metrics", "healthz"})
 RESERVED_PREFIX = "hive-"
 MODEL_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # matched in full: "admin\n" is no slug
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+:(gpu\d+|cpu)$")
+SETTINGS: Final = "settings"  # validation context key: the HiveSettings whose operator policy applies
+
+
+def policy_of(info: ValidationInfo) -> HiveSettings | None:
+    """The settings whose policy this validation checks; None: shape checks only (module docstring)."""
+    settings = (info.context or {}).get(SETTINGS)
+    if settings is not None and not isinstance(settings, HiveSettings):
+        raise TypeError(f"validation context {SETTINGS!r} must be HiveSettings, got {type(settings).__name__}")
+    return settings
 
 
 class EngineKind(str, Enum):
@@ -114,12 +142,18 @@ class ModelSpec(BaseModel):
     )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
+    @classmethod
+    def under_policy(cls, body: Any, settings: HiveSettings) -> ModelSpec:
+        """A deploy body as a user sent it (a dict, or the fields a shape-only parse set), checked for
+        shape and against the operator's policy in ``settings``. Raises ``ValidationError``."""
+        return cls.model_validate(body, context={SETTINGS: settings})
+
     @field_validator("model")
     @classmethod
-    def _model_is_a_source(cls, v: str) -> str:
-        """A source the hive can fetch from (``hive_apps/core/weights/source.py``); a folder must lie under
-        the operator's model root when one is set. The message is the same whether or not the path
-        exists, so it tells nothing about the node's files."""
+    def _model_is_a_source(cls, v: str, info: ValidationInfo) -> str:
+        """A source the hive can fetch from (``hive_apps/core/weights/source.py``); under a policy, a
+        folder must lie under the operator's model root when one is set. The message is the same
+        whether or not the path exists, so it tells nothing about the node's files."""
         from hive_apps.core.weights.source import parse_source
         from hive_apps.core.weights.types import SourceError, SourceKind
 
@@ -129,7 +163,8 @@ class ModelSpec(BaseModel):
             source = parse_source(v)
         except SourceError as e:
             raise ValueError(e.message) from None
-        root = get_settings().model_root
+        settings = policy_of(info)
+        root = settings.model_root if settings is not None else None
         if root is None or source.kind is not SourceKind.LOCAL:
             return v
         if not Path(source.location).resolve().is_relative_to(root.resolve()):
@@ -178,9 +213,10 @@ class ModelSpec(BaseModel):
     @field_validator("vllm_kwargs")
     @classmethod
     def _vllm_kwargs_allowed(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        """Only the arguments the hive understands, typed (``hive_apps/core/vllm_args.py``)."""
+        """Only the arguments the hive understands, typed (``hive_apps/core/vllm_args.py``); the ones
+        the operator must allow only under a policy (settings in the validation context)."""
         engine = info.data.get("engine", EngineKind.VLLM)
-        problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), get_settings())
+        problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), policy_of(info))
         if problems:
             raise ValueError("; ".join(problems))
         return v

@@ -115,11 +115,11 @@ def _type_problem(key: str, value: Any, kind: type) -> str | None:
     return None
 
 
-def _hook_problem(key: str, value: Any, settings: HiveSettings) -> str | None:
+def _hook_problem(key: str, value: Any, settings: HiveSettings | None) -> str | None:
     if not isinstance(value, str):
         return f"{key} must be a class path 'package.module.Class'"
-    if "." not in value:
-        return None  # imports nothing; the planner refuses it as no class path
+    if "." not in value or settings is None:
+        return None  # imports nothing (the planner refuses it as no class path), or no policy to check
     if not settings.hook_packages:
         return f"{key}: code hooks are off; an operator turns them on with HIVE_HOOK_PACKAGES=<package prefixes>"
     if not any(value == p or value.startswith(p + ".") for p in settings.hook_packages):
@@ -166,14 +166,18 @@ def legacy_task(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
                   "runner='pooling': deploy with that instead")
 
 
-def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSettings) -> list[str]:
-    """Every reason to refuse these ``vllm_kwargs`` (empty: they may be used)."""
+def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSettings | None) -> list[str]:
+    """Every reason to refuse these ``vllm_kwargs`` (empty: they may be used). ``settings`` None: no
+    operator policy (``core/spec.py``): only what no setting changes is checked (types, the keys
+    never taken, sim keys, ``task``); the keys an operator must allow, and unknown ones, pass."""
     problems: list[str | None] = []  # None: a check that found nothing (dropped at the end)
-    widened = set(settings.vllm_kwargs_allow)
+    widened = set(settings.vllm_kwargs_allow) if settings is not None else set()
     for key, value in kwargs.items():
         if key in REFUSED:
             problems.append(f"{key} is refused: {REFUSED[key]}")
         elif key in RISKY:
+            if settings is None:
+                continue  # the operator's to allow or refuse
             if key == "trust_remote_code":
                 allowed = value is False or (value is True and settings.trust_remote_code)
             else:
@@ -201,11 +205,11 @@ def vllm_kwargs_problems(kwargs: dict[str, Any], engine: str, settings: HiveSett
                 continue  # null: the hive picks no such parser (core/planning/parsers.py)
             problem = _type_problem(key, value, ALLOWED[key])
             problems.append(problem)
-            if problem is None and ALLOWED[key] is dict:
+            if problem is None and ALLOWED[key] is dict and settings is not None:
                 problems.extend(_nested_problems(key, value, widened))
             if key == "chat_template" and isinstance(value, str) and "{{" not in value and "{%" not in value:
                 problems.append("chat_template must be the template itself (Jinja text); a path would read a local file")
-        elif key not in widened:
+        elif settings is not None and key not in widened:  # without a policy, the operator's to allow
             problems.append(f"{key} is not among the vLLM arguments the hive takes (sizing, parsers, structured "
                             "outputs, sampling defaults); an operator may allow it with HIVE_VLLM_KWARGS_ALLOW")
     return [p for p in problems if p]

@@ -16,6 +16,10 @@ Who sets what, so nothing goes stale:
 A gauge series whose subject went away (a model deleted, a replica moved, a GPU gone) is set to
 0 on the next refresh by its publisher (Ray cannot unregister a series). Values are computed by
 plain functions over the registry's records, so unit tests check them without Ray.
+
+There is no process-wide publisher: each composition root (the registry's, a router's, the
+gateway's and an engine replica's Serve constructor) builds one ``Publisher`` and passes it to
+what it composes. Unit tests pass one over a recording backend (``Publisher(backend=...)``).
 """
 
 from __future__ import annotations
@@ -303,6 +307,20 @@ class Publisher:
     def count(self, metric: str, value: float = 1.0, **tags: str) -> None:
         self.events([event(metric, value, **tags)])
 
+    def publish_registry(self, states: list[DeviceState], reservations: Iterable[Reservation],
+                         records: Iterable[ModelRecord]) -> None:
+        """The registry's gauges after a device sample: per-GPU memory, each model's status and capacity."""
+        self.gauges("devices", device_samples(states, reservations))
+        self.gauges("models", model_samples(records))
+
+    def on_transition(self, name: str, before: ModelRecord | None, after: ModelRecord | None,
+                      kwargs: dict[str, Any]) -> None:
+        """The lifecycle counters and durations one registry transition adds."""
+        try:
+            self.events(transition_events(name, before, after, kwargs))
+        except Exception:
+            log.exception("lifecycle metrics failed")
+
 
 class TokenCount:
     """Tokens of one engine replica, added up locally and sent to Ray at most once a second
@@ -310,8 +328,9 @@ class TokenCount:
 
     FLUSH_S = 1.0
 
-    def __init__(self, model_id: str, replica: int):
+    def __init__(self, model_id: str, replica: int, publisher: Publisher):
         self.tags = {"model": model_id, "replica": f"r{replica}"}
+        self.publisher = publisher
         self.pending = {"in": 0, "out": 0}
         self._flushed_at = time.monotonic()
 
@@ -324,29 +343,5 @@ class TokenCount:
     def flush(self) -> None:
         self._flushed_at = time.monotonic()
         pending, self.pending = self.pending, {"in": 0, "out": 0}
-        publisher().events([event("hive_tokens", n, direction=d, **self.tags) for d, n in pending.items() if n])
+        self.publisher.events([event("hive_tokens", n, direction=d, **self.tags) for d, n in pending.items() if n])
 
-
-_publisher: Publisher | None = None
-
-
-def publisher() -> Publisher:
-    """This process's publisher (tests swap the backend)."""
-    global _publisher
-    if _publisher is None:
-        _publisher = Publisher()
-    return _publisher
-
-
-def publish_registry(states: list[DeviceState], reservations: Iterable[Reservation],
-                     records: Iterable[ModelRecord]) -> None:
-    p = publisher()
-    p.gauges("devices", device_samples(states, reservations))
-    p.gauges("models", model_samples(records))
-
-
-def on_transition(name: str, before: ModelRecord | None, after: ModelRecord | None, kwargs: dict[str, Any]) -> None:
-    try:
-        publisher().events(transition_events(name, before, after, kwargs))
-    except Exception:
-        log.exception("lifecycle metrics failed")

@@ -6,6 +6,12 @@
 It starts a local Ray head (unless one is running), deploys ``serve_configs/hive.yaml``
 with ``serve deploy``, sends ``POST /admin/models?wait=true`` and asks the model one
 question with the OpenAI SDK. The hive keeps running afterwards; ``ray stop`` ends it.
+
+``serve deploy`` replaces the cluster's whole declarative Serve config: applications an earlier
+``serve deploy`` (or a RayService) started that the hive's config does not list are deleted. On a
+cluster that runs such applications the quickstart stops before deploying and names them, unless
+``--force`` is given. Applications added with ``serve.run`` (the hive's model apps among them) are
+not part of the declarative config and stay.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import httpx
 from hive_apps.core.settings import get_settings
 from hive_apps.ops.serve_env import HA_PROXY, ray_head_env
 
-CONFIG = Path(__file__).resolve().parents[1] / "serve_configs" / "hive.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "serve_configs" / "hive.yaml"
+DASHBOARD = "http://127.0.0.1:8265"  # where `serve deploy` sends the config unless RAY_DASHBOARD_ADDRESS says
 NODE_NAME = "local"
 
 
@@ -32,9 +39,9 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, text=True, capture_output=True)
 
 
-def quickstart_tokens() -> dict[str, str]:
-    """Tokens for a hive this script starts, kept so a second run talks to the same hive."""
-    path = get_settings().model_cache_dir / "quickstart-tokens.json"
+def quickstart_tokens(cache_dir: Path) -> dict[str, str]:
+    """Tokens for a hive this script starts, kept (in HIVE_MODEL_CACHE_DIR) so a second run talks to the same hive."""
+    path = cache_dir / "quickstart-tokens.json"
     if path.exists():
         return json.loads(path.read_text())
     tokens = {"HIVE_ADMIN_TOKEN": secrets.token_urlsafe(16), "HIVE_API_KEYS": secrets.token_urlsafe(16)}
@@ -44,16 +51,50 @@ def quickstart_tokens() -> dict[str, str]:
     return tokens
 
 
-def ensure_ray_head(env: dict[str, str]) -> None:
+def ensure_ray_head(env: dict[str, str]) -> bool:
+    """Start a local Ray head unless one runs; whether this call started it."""
     if sh("ray", "status", check=False).returncode == 0:
         print("Using the Ray cluster that is already running (its nodes keep their own HIVE_* and Serve settings).")
-        return
+        return False
     head_env = ray_head_env(env)
     if head_env.get(HA_PROXY) == "1" and HA_PROXY not in env:
         print(f"haproxy found: Serve's HAProxy ingress takes port 8000 ({HA_PROXY}=0 to keep Serve's proxy)")
     print("Starting a local Ray head ...")
     subprocess.run(["ray", "start", "--head", "--dashboard-host", "127.0.0.1", "--labels", f"ray-hive/node={NODE_NAME}",
                     "--disable-usage-stats"], check=True, env=head_env)
+    return True
+
+
+def config_app_names(config: Path = CONFIG) -> set[str]:
+    """The applications the hive's Serve config lists."""
+    import yaml
+
+    return {app["name"] for app in yaml.safe_load(config.read_text()).get("applications", [])}
+
+
+def serve_applications(dashboard: str) -> dict[str, str]:
+    """Each Serve application the cluster runs, and where it came from (Serve's ``source``:
+    ``declarative`` for `serve deploy` / RayService configs, ``imperative`` for ``serve.run``)."""
+    r = httpx.get(f"{dashboard.rstrip('/')}/api/serve/applications/", timeout=10)
+    r.raise_for_status()
+    return {name: str(app.get("source", "unknown")) for name, app in (r.json().get("applications") or {}).items()}
+
+
+def deploy_refusal(dashboard: str, config: Path = CONFIG) -> str | None:
+    """Why `serve deploy` of the hive's config must not run without --force: the cluster runs declarative
+    applications the config does not list (the deploy would delete them), or they could not be listed."""
+    try:
+        apps = serve_applications(dashboard)
+    except (httpx.HTTPError, ValueError) as e:
+        return (f"could not list the cluster's Serve applications at {dashboard} ({e}), so whether `serve deploy` "
+                "would delete any is unknown; set RAY_DASHBOARD_ADDRESS to the cluster's dashboard, or pass --force")
+    others = sorted(name for name, source in apps.items() if source == "declarative" and name not in config_app_names(config))
+    if not others:
+        return None
+    return (f"the cluster runs Serve applications from another `serve deploy` config: {', '.join(others)}. Deploying "
+            f"{config.name} replaces the cluster's whole declarative config and would delete them. Add the hive's "
+            f"applications (serve_configs/hive.yaml) to that config and deploy it instead, or pass --force to deploy "
+            f"the hive's config anyway (deleting {', '.join(others)})")
 
 
 def wait_for(url: str, headers: dict[str, str], timeout: float) -> None:
@@ -75,11 +116,15 @@ def main() -> int:
     ap.add_argument("--model-id", default=None)
     ap.add_argument("--gpu", nargs="*", help='device pins such as "local:gpu0" (default: automatic)')
     ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--force", action="store_true",
+                    help="serve deploy the hive's config even where the cluster runs declarative Serve applications "
+                         "it does not list (serve deploy deletes them)")
     args = ap.parse_args()
 
+    cache_dir = get_settings().model_cache_dir
     env = dict(os.environ)
     env.setdefault("RAY_AUTH_MODE", "disabled")
-    env.update({k: v for k, v in quickstart_tokens().items() if not env.get(k)})
+    env.update({k: v for k, v in quickstart_tokens(cache_dir).items() if not env.get(k)})
     os.environ.update(env)
     admin_token, api_key = env["HIVE_ADMIN_TOKEN"], env["HIVE_API_KEYS"].split(",")[0]
 
@@ -88,13 +133,17 @@ def main() -> int:
     if model is None:
         from hive_apps.models.tiny import build_tiny_model
 
-        model = str(build_tiny_model(get_settings().model_cache_dir / "tiny-chat"))
+        model = str(build_tiny_model(cache_dir / "tiny-chat"))
         vllm_kwargs = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
         print(f"Built the tiny offline model at {model}")
     model_id = args.model_id or ("tiny-chat" if args.model is None else
                                  Path(model.split("@")[0].rstrip("/")).name.lower().replace("_", "-").replace(".", "-"))
 
-    ensure_ray_head(env)
+    if not ensure_ray_head(env) and not args.force:
+        refusal = deploy_refusal(env.get("RAY_DASHBOARD_ADDRESS") or DASHBOARD)
+        if refusal:
+            print(f"Not deploying: {refusal}", file=sys.stderr)
+            return 2
     print("Deploying serve_configs/hive.yaml ...")
     subprocess.run(["serve", "deploy", str(CONFIG)], check=True, env=env)
     admin = {"Authorization": f"Bearer {admin_token}"}

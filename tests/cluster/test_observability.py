@@ -133,9 +133,33 @@ def chromium():
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 
-def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "status-page.png"  # README shows it
+
+
+def screenshot_path() -> Path | None:
+    """Where the README's screenshot goes: HIVE_STATUS_SCREENSHOT=1 writes docs/status-page.png (the
+    file README shows); any other value names the file. Unset: no screenshot."""
     import os
 
+    value = os.environ.get("HIVE_STATUS_SCREENSHOT", "")
+    if not value or value.lower() in ("0", "false", "no"):
+        return None
+    return SCREENSHOT if value.lower() in ("1", "true", "yes") else Path(value)
+
+
+def save_screenshot(browser) -> None:
+    """The whole page, not only the window: the window is made as tall as the page first."""
+    path = screenshot_path()
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1400, max(1000, min(int(height) + 40, 4000)))
+    browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(str(path))
+
+
+def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -169,8 +193,6 @@ def test_status_page_in_headless_chromium_shows_models_on_their_gpus(clean):
         load = browser.find_element(By.CSS_SELECTOR, 'tr[data-model="alpha"] [data-load]')
         planned = hive.admin.get("/models/alpha").json()["replicas"]["r0"]["settings"]["max_num_seqs"]
         assert load.get_attribute("data-load") == "0" and f"0 / {planned} sequences" in load.text  # idle, of its plan
-        if os.environ.get("HIVE_STATUS_SCREENSHOT"):
-            browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
 
         assert hive.admin.delete("/models/beta").status_code in (200, 202)
         wait.until(lambda _: not browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="beta"]')
@@ -191,15 +213,16 @@ def test_ray_dashboard_shows_each_engine_deployments_plan(clean):
 
 
 def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(clean, tmp_path):
-    """Issue 31: charts of the hive's own history, the why of a placement (rejected devices), sleep and
-    wake from the page, a value with markup drawn as text; saves the README's screenshot when
-    HIVE_STATUS_SCREENSHOT names a file."""
-    import os
+    """Issue 31: charts of the hive's own history (requests/s, tokens/s, p50 TTFT) that change after
+    traffic, the why of a placement (rejected devices), sleep and wake from the page, a deploy from the
+    form that ends in a ready model, a pre-fetch and a refused one, a value with markup drawn as text;
+    saves the README's screenshot (docs/status-page.png) when HIVE_STATUS_SCREENSHOT=1."""
+    import json
     import shutil
 
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     hive = clean
     hostile = '<img src=x onerror="document.title=1">'
@@ -242,6 +265,24 @@ def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(
         assert hist["models"]["busy"] and "node-b:gpu1" in hist["devices"], hist
         assert "kept by the hive since" in browser.find_element(By.ID, "since").text
 
+        # tokens/s and p50 TTFT come from the counters' change between two samples: traffic goes on
+        # (a request each poll) until the page's tokens/s chart draws a point above zero
+        def chart_max(label: str) -> float:
+            charts = browser.find_elements(By.CSS_SELECTOR, f'tr[data-model="busy"] [data-chart^="{label}"]')
+            return float(charts[0].get_attribute("data-max") or 0) if charts else 0.0
+
+        def traffic_shows(_) -> bool:
+            assert hive.api.post("/v1/chat/completions", json=body).status_code == 200
+            return chart_max("tokens/s") > 0 and chart_max("p50 TTFT") > 0
+
+        WebDriverWait(browser, 120, poll_frequency=0.5, ignored_exceptions=[StaleElementReferenceException]).until(traffic_shows)
+        assert browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="busy"] [data-chart^="tokens/s"] polyline')
+        assert browser.find_elements(By.CSS_SELECTOR, 'tr[data-model="busy"] [data-chart^="p50 TTFT"] polyline')
+        pts = hive.admin.get("/history").json()["models"]["busy"]
+        assert any(p["generation_tokens_per_s"] > 0 and p["prompt_tokens_per_s"] > 0 for p in pts), pts
+        assert any(p["ttft_p50_s"] is not None and 0 < p["ttft_p50_s"] < 5 for p in pts), pts
+        assert "tok/s out" in row("busy")[0].find_element(By.CSS_SELECTOR, "[data-tokens]").text
+
         # a value with markup is text: no element came of it, and the tab's title is untouched
         wait.until(lambda _: hostile in row("napper")[0].text)
         assert not browser.find_elements(By.CSS_SELECTOR, "#models img, #nodes img") and browser.title == "Ray Hive status"
@@ -262,8 +303,48 @@ def test_status_page_history_plan_actions_and_hostile_text_in_headless_chromium(
         click("napper", "wake")
         wait.until(lambda _: status("napper") == "ready")
         assert hive.admin.get("/models/napper").json()["last_wake"] is not None
-        if os.environ.get("HIVE_STATUS_SCREENSHOT"):
-            browser.save_screenshot(os.environ["HIVE_STATUS_SCREENSHOT"])
+        # the wake shows in the history with its duration (the page reads the history every fifth refresh)
+        wait.until(lambda _: int(row("napper")[0].find_element(By.CSS_SELECTOR, "[data-wakes]").get_attribute("data-wakes")) >= 1)
+        assert " s" in row("napper")[0].find_element(By.CSS_SELECTOR, "[data-wakes]").text
+
+        # deploy from the form: the dry run shows the plan (the same /admin/plan answer), the JSON body
+        # is shown for a script, and the deploy ends in a ready model
+        form = {"d-model_id": "formed", "d-model": SIM_MODEL}
+        for field_id, value in form.items():
+            browser.find_element(By.ID, field_id).clear()
+            browser.find_element(By.ID, field_id).send_keys(value)
+        Select(browser.find_element(By.ID, "d-engine")).select_by_visible_text("sim")
+        browser.find_element(By.ID, "d-extra").clear()
+        browser.find_element(By.ID, "d-extra").send_keys('{"vllm_kwargs": {"sim_tokens_per_s": 2000}}')
+        shown = json.loads(wait.until(lambda _: browser.find_element(By.ID, "d-body").text))
+        assert shown["model_id"] == "formed" and shown["engine"] == "sim" and shown["vllm_kwargs"] == {"sim_tokens_per_s": 2000}
+        browser.find_element(By.ID, "d-preview").click()
+        wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '#d-plan [data-plan-replica="r0"]'))
+        assert "nothing was reserved" in browser.find_element(By.ID, "notice").text
+        assert "formed" not in {m["model_id"] for m in hive.admin.get("/models").json()["models"]}, "a dry run deploys nothing"
+        browser.find_element(By.ID, "d-submit").click()
+        wait.until(lambda _: "deploy formed" in browser.find_element(By.ID, "notice").text)
+        WebDriverWait(browser, 120, poll_frequency=0.5, ignored_exceptions=[StaleElementReferenceException, IndexError]) \
+            .until(lambda _: status("formed") == "ready")
+        assert hive.admin.get("/models/formed").json()["status"] == "ready"
+        assert hive.api.post("/v1/chat/completions", json={**body, "model": "formed"}).status_code == 200
+
+        # pre-fetch: a local folder is a stat on each node (no download), then a source the hub does not
+        # have is refused with the API's own message
+        browser.find_element(By.ID, "w-model").send_keys(SIM_MODEL)
+        browser.find_element(By.ID, "w-nodes").send_keys("node-a")
+        browser.find_element(By.ID, "w-submit").click()
+        wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '#w-result [data-prefetch="node-a"]'))
+        assert "node-a: ready" in browser.find_element(By.ID, "w-result").text
+        assert "pre-fetch" in browser.find_element(By.ID, "notice").text
+        browser.find_element(By.ID, "w-model").clear()
+        browser.find_element(By.ID, "w-model").send_keys("hive-test/no-such-repo")
+        browser.find_element(By.ID, "w-nodes").clear()
+        browser.find_element(By.ID, "w-submit").click()
+        wait.until(lambda _: "pre-fetch refused: 404" in browser.find_element(By.ID, "notice").text)
+        assert browser.find_element(By.ID, "notice").get_attribute("class") == "err"
+
+        save_screenshot(browser)  # after traffic, a wake and a deploy: charts, plan and actions all drawn
 
         # a refused action shows the API's message: delete asks first (it drops traffic), then goes
         click("busy", "delete")

@@ -7,6 +7,7 @@ check: speed lives in ``benchmarks/bench_vs_vllm.py``.
 """
 
 import json
+import time
 
 import httpx
 import pytest
@@ -48,3 +49,17 @@ def test_v1_stream_gives_the_engines_own_tokens(hive, tiny):
     assert len(direct_ids) == 16
     assert via_ids == direct_ids
     assert via_text == direct_text
+
+
+def test_the_engines_counters_reach_the_admin(hive, tiny):
+    """vLLM's own stats (tokens, time to first token) reach the load the admin's history reads."""
+    streamed_tokens(f"{hive.url}/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"})
+    deadline, load = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:
+        load = hive.admin.get("/load").json()["models"].get("tiny", {}).get("r0", {})
+        if load.get("generation_tokens_total", 0) >= 16:
+            break
+        time.sleep(1)
+    assert load["generation_tokens_total"] >= 16 and load["prompt_tokens_total"] > 0, load
+    ttft = load["ttft"]
+    assert ttft["count"] >= 1 and ttft["sum_s"] > 0 and 1 <= ttft["buckets"][-1] <= ttft["count"], ttft

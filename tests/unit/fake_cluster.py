@@ -20,6 +20,7 @@ from hive_apps.control.planner import plan_or_error
 from hive_apps.control.registry.monitor import NODE_NAME_LABEL, simulated_gpus
 from hive_apps.core import names
 from hive_apps.core.devices import NodeSample
+from hive_apps.core.planning.source_profile import metadata_dir
 from hive_apps.core.planning.types import Plan
 from hive_apps.serving.engine.protocol import EngineLoad
 
@@ -56,8 +57,14 @@ class LocalHandle:
 
 
 class Planner:
+    """The planner app, planning in this process; a Hub or S3 source's metadata goes under ``cache()``
+    (the planner node's weight cache, as HIVE_WEIGHTS_CACHE is the real planner's)."""
+
+    def __init__(self, cache: Callable[[], Path]):
+        self.cache = cache
+
     def plan(self, spec, devices, pending=None, as_asked=False, weights=None):
-        return plan_or_error(spec, devices, pending, as_asked, weights)
+        return plan_or_error(spec, devices, pending, as_asked, weights, metadata=metadata_dir(self.cache()))
 
 
 @dataclass
@@ -117,7 +124,9 @@ class FakeCluster:
         self.dies_at: str | None = None  # the registry "dies" at the first KV write of a key with this prefix
         self.died = False  # ... and every write after it is lost, until a test clears both
         self.writes_left: int | None = None  # or it dies once this many more KV writes landed
-        self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner())}
+        # the planner's node's weight cache: metadata only (a test may point it elsewhere)
+        self.planner_cache = Path(tempfile.mkdtemp(prefix="fake-cluster-planner-"))
+        self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner(lambda: self.planner_cache))}
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
         self.deleted: list[str] = []
         self.loads: dict[str, EngineLoad] = {}  # model id -> what each of its engines reports

@@ -1,5 +1,7 @@
 """The import graph of ``hive_apps`` (issue 26, item 3): no cycles, pure modules reach no Ray, and
-no module imports a layer above its own.
+no module imports a layer above its own. And (issue 26, the injection of settings and metrics) the
+process-wide things, the settings read from the environment and the metrics publisher, are made only
+at composition roots (``ROOTS``), which pass them to what they build.
 
 Read with ``ast``, never by importing. What counts as an import:
 
@@ -57,6 +59,62 @@ PURE = ("core", "control.registry.monitor", "control.registry.samples",
 PURE_EXCEPT: tuple[str, ...] = ()
 # The planner also runs where vLLM is not installed (core/planning/profile/vllm_registry.py)
 FORBIDDEN = {"ray": PURE, "vllm": ("core.planning",), "torch": ("core.planning",)}
+
+
+# Where a process reads its settings (``get_settings()``) or makes its metrics publisher
+# (``Publisher(...)``): its composition roots only. "module:function" (relative to ``hive_apps``)
+# -> why it is a root. Everything else receives the settings, or the values it needs, and the
+# publisher from its caller.
+ROOTS: dict[str, dict[str, str]] = {
+    "get_settings": {
+        "control.admin.app:admin_app": "the admin's Serve ingress, built on its replica",
+        "control.registry.deployment:Registry.__init__": "the registry's Serve constructor (tests pass settings)",
+        "control.planner:Planner.__init__": "the planner's Serve constructor",
+        "control.cluster:NodeFetcher.__init__": "a node's weight fetcher: a Ray actor reading its own node's environment",
+        "serving.gateway.app:Gateway.__init__": "the gateway's Serve constructor",
+        "serving.routing.router:Router.__init__": "a model router's Serve constructor",
+        "serving.engine.base:EngineBase.__init__": "an engine replica's Serve constructor, on its node (tests pass settings)",
+        "ops.quickstart:main": "the quickstart CLI",
+    },
+    "Publisher": {
+        "control.registry.deployment:Registry.__init__": "the registry's Serve constructor (tests pass a publisher)",
+        "serving.gateway.app:Gateway.__init__": "the gateway's Serve constructor",
+        "serving.routing.router:Router.__init__": "a model router's Serve constructor",
+        "serving.engine.base:EngineBase.__init__": "an engine replica's Serve constructor (tests pass a publisher)",
+    },
+}
+
+
+def _calls_of(tree: ast.AST, names: set[str]) -> list[tuple[str, str, int]]:
+    """(name called, the function it is called in as ``Class.method`` or ``<module>``, line) of every
+    call of one of ``names``, by name or as an attribute (``settings.get_settings()``). A default
+    argument or a decorator runs where its function is defined, so it counts there."""
+    out: list[tuple[str, str, int]] = []
+
+    def walk(node: ast.AST, scope: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            outer = [*node.decorator_list, *node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+            for n in outer:
+                walk(n, scope)
+            for n in node.body:
+                walk(n, (*scope, node.name))
+            return
+        if isinstance(node, ast.ClassDef):
+            for n in node.decorator_list:
+                walk(n, scope)
+            for n in node.body:
+                walk(n, (*scope, node.name))
+            return
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in names:
+                out.append((name, ".".join(scope) or "<module>", node.lineno))
+        for child in ast.iter_child_nodes(node):
+            walk(child, scope)
+
+    walk(tree, ())
+    return out
 
 
 def _modules() -> dict[str, Path]:
@@ -269,3 +327,35 @@ def test_core_imports_nothing_above_it():
              if mod == core or mod.startswith(core + ".") for target in sorted(targets)
              if target.split(".")[1] in ("control", "serving", "ops")]
     assert not above, "core reaches up:\n" + "\n".join(above)
+
+
+def test_settings_and_the_metrics_publisher_are_made_only_at_composition_roots():
+    """``get_settings()`` and ``Publisher(...)`` are called only by the functions ``ROOTS`` lists, and
+    each listed root still calls it (so the list stays the list of roots)."""
+    found: dict[str, set[str]] = {name: set() for name in ROOTS}
+    problems = []
+    for mod, path in _modules().items():
+        for name, where, line in _calls_of(ast.parse(path.read_text(), str(path)), set(ROOTS)):
+            site = f"{_short(mod)}:{where}"
+            found[name].add(site)
+            if site not in ROOTS[name]:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {name}() in {where}, not a composition root; take "
+                                "it from the caller (or add the root to ROOTS in tests/unit/test_layering.py)")
+    stale = [f"{name}: {site}" for name, sites in ROOTS.items() for site in sites if site not in found[name]]
+    assert not problems, "\n".join(problems)
+    assert not stale, f"listed in ROOTS but no longer calls it: {stale}"
+
+
+def test_the_root_check_sees_calls_where_they_run():
+    tree = ast.parse("from x import get_settings\n"
+                     "A = get_settings()\n"
+                     "def f(s=settings.get_settings()):\n"
+                     "    return get_settings()\n"
+                     "class C:\n"
+                     "    async def m(self):\n"
+                     "        def inner():\n"
+                     "            return Publisher(backend=1)\n"
+                     "        return get_settings\n")  # a reference, not a call
+    assert _calls_of(tree, {"get_settings", "Publisher"}) == [
+        ("get_settings", "<module>", 2), ("get_settings", "<module>", 3), ("get_settings", "f", 4),
+        ("Publisher", "C.m.inner", 8)]

@@ -1,7 +1,9 @@
 """The admin's history loop: every ``HISTORY_TICK_S`` it reads each model's load (the engines' own
-``load()``, as ``GET /admin/load`` does) and each device's memory from the registry, folds them into
-``core/history.py``'s one-minute points, and stores them in the KV once a minute, so a new admin
-(a restart, a redeploy) takes the last hour and a half over instead of starting blank.
+``load()``, as ``GET /admin/load`` does: running, waiting, and the cumulative counters of requests,
+tokens and time to first token, per replica) and each device's memory from the registry, folds them
+into ``core/history.py``'s one-minute points (requests/s, tokens/s, p50 TTFT), and stores them in
+the KV once a minute, so a new admin (a restart, a redeploy) takes the last hour and a half over
+instead of starting blank.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from hive_apps.control.admin.lifecycle import Lifecycle
 from hive_apps.control.cluster import Cluster, ControlPlane
-from hive_apps.core.history import MINUTE_S, History, WakePoint
+from hive_apps.core.history import MINUTE_S, History, Totals, WakePoint
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state.ledger import DeviceState
 from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus
@@ -61,7 +63,10 @@ class HistoryKeeper(ControlPlane):
         states: list[DeviceState] = await self.registry.device_states.remote()
         now, h = self.clock(), self.history
         for rec, ld in zip(serving, loads):
-            h.model(rec.model_id, now, requests_total=sum(r.requests_total for r in ld.values()) if ld else None,
+            totals = {replica: Totals(requests=r.requests_total, prompt_tokens=r.prompt_tokens_total,
+                                      generation_tokens=r.generation_tokens_total, ttft_buckets=r.ttft.buckets,
+                                      ttft_count=r.ttft.count, ttft_sum_s=r.ttft.sum_s) for replica, r in ld.items()}
+            h.model(rec.model_id, now, totals=totals,  # none answered this time: their reads are kept for the next
                     running=sum(r.running for r in ld.values()), waiting=sum(r.waiting for r in ld.values()),
                     capacity=sum(r.capacity for r in ld.values()))
         for rec in records:

@@ -14,18 +14,30 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hive_apps.control.admin import status_page
+from hive_apps.control.admin.declared import DeclaredModels
 from hive_apps.control.admin.guard import AdminGuard
 from hive_apps.control.admin.history import HistoryKeeper
 from hive_apps.control.admin.lifecycle import Lifecycle
 from hive_apps.control.admin.reconciler import Reconciler
-from hive_apps.control.admin.schemas import ModelStatusResponse, MonitorToken, MonitorTokenRequest, error_responses
+from hive_apps.control.admin.schemas import (
+    AdminError,
+    DeclaredReport,
+    ModelStatusResponse,
+    MonitorToken,
+    MonitorTokenRequest,
+    error_responses,
+    validation_problems,
+)
+from hive_apps.control.admin.updates import amend, without_model
 from hive_apps.control.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
 from hive_apps.control.cluster import Cluster, ControlPlane, off_loop
 from hive_apps.core.auth import monitor_token_node, node_monitor_token
@@ -33,8 +45,9 @@ from hive_apps.core.devices import NodeSample
 from hive_apps.core.planning.report import render_plan_table
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import ModelSpec
+from hive_apps.core.state.changes import spec_change
 from hive_apps.core.state.ledger import DeviceState
-from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus, Reservation
+from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus, Origin, Reservation
 from hive_apps.core.state.transitions import Create, Delete, Sleep, Wake
 from hive_apps.core.weights.types import SourceError
 
@@ -47,12 +60,6 @@ FAILED_CLEANUP_WAIT_S = 60.0
 MAX_KEY_CHARS = 1024  # a weights cache key (source + revision) is far shorter; bounds what reaches the nodes
 
 
-class AdminError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None, **extra):
-        super().__init__(message)
-        self.status, self.message, self.field, self.extra = status, message, field, extra
-
-
 def error_response(status: int, message: str, field: str | None = None, headers: dict | None = None, **extra) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "field": field, "status": status, **extra}},
                         status_code=status, headers=headers)
@@ -62,7 +69,8 @@ class AdminService(ControlPlane):
     """The admin's state and background loops, and what more than one route needs; the routes
     (``make_admin_app``) are closures over one of these."""
 
-    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time):
+    def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                 declared: list[Any] | None = None):
         self.cluster, self.settings, self.clock = cluster, settings, clock
         self.lifecycle = Lifecycle(cluster, settings, clock)
         self.reconciler = Reconciler(cluster, settings, self.lifecycle, clock=clock)
@@ -72,6 +80,8 @@ class AdminService(ControlPlane):
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch_records()), loop.create_task(self._lifecycle_loop()),
                        loop.create_task(self.history.run())]
+        self.declared = DeclaredModels(self, declared)  # the Serve config's models (control/admin/declared.py)
+        self._tasks.append(loop.create_task(self.declared.run()))
 
     def close(self) -> None:
         """Stop the loops and the reconciler's (tests; a Serve replica just ends)."""
@@ -147,9 +157,12 @@ class AdminService(ControlPlane):
             if done(records) or time.monotonic() >= deadline:
                 return records
 
-    async def plan(self, spec: ModelSpec):
-        """Plan leaving room for the replicas self-healing still waits to place (``core/planning/packing.py``)."""
+    async def plan(self, spec: ModelSpec, freeing: ModelRecord | None = None):
+        """Plan leaving room for the replicas self-healing still waits to place (``core/planning/packing.py``);
+        ``freeing``: as if that model's replicas were gone (a recreate checks its new settings fit)."""
         devices = await self.registry.capacities.remote()
+        if freeing is not None:
+            devices = without_model(devices, freeing)
         waiting = [rec.spec.model_copy(update={"replicas": len(rec.lost_replicas)})
                    for rec in await self.registry.list_models.remote()
                    if rec.status is ModelStatus.DEGRADED and rec.lost_replicas and rec.spec.gpu is None
@@ -161,6 +174,52 @@ class AdminService(ControlPlane):
 
     def status(self, rec: ModelRecord) -> ModelStatusResponse:
         return ModelStatusResponse.of(rec, self.reconciler.fetching.get(rec.model_id))
+
+    async def admit(self, spec: ModelSpec, origin: Origin = Origin.API) -> ModelRecord:
+        """Deploy a validated spec: the id must be free (or hold an ended deploy), the plan must place it
+        (making room), its weights must fit the nodes; then the registry creates its record and the
+        reconciler starts it. ``POST /admin/models``, ``PUT`` (recreate) and declared models all come here."""
+        existing = await self.registry.get_model.remote(spec.model_id)
+        if existing is not None and existing.status not in ENDED:
+            raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
+                                  "DELETE /admin/models/{id} first or choose another model_id", "model_id")
+        began = time.perf_counter()
+        plan = await self.place(spec)
+        placed = time.perf_counter()
+        problems = await self.caches.room_problems(plan, await self.reconciler.weights_in_use())
+        log.info("%s: planned in %.3fs, room for its weights checked in %.3fs", spec.model_id, placed - began,
+                 time.perf_counter() - placed)
+        if problems:
+            raise AdminError(422, f"the weights of {spec.model!r} cannot go where the plan puts its replicas: "
+                                  + "; ".join(problems), "model")
+        record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan, origin=origin)
+        reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
+        outcome = await self.registry.transition.remote(Create(model_id=spec.model_id, record=record,
+                                                               reservations=reservations))
+        if not outcome.ok:
+            field = "model_id" if "model_id" in outcome.message else None
+            raise AdminError(outcome.status_code, outcome.message, field)
+        self.reconciler.ensure(spec.model_id)
+        return outcome.record
+
+    async def respond(self, rec: ModelRecord, wait: bool, **extra: Any) -> JSONResponse:
+        """A deploy's answer: 202 while it deploys, 200 once ready; with ``wait``, once it is ready or
+        failed (422, its app removed first). ``extra``: keys added to the status body."""
+        model_id = rec.model_id
+        if wait:
+            def settled(records: dict[str, ModelRecord]) -> bool:
+                r = records.get(model_id)
+                return r is None or r.status is not ModelStatus.DEPLOYING
+
+            found = (await self.wait_for(settled, self.settings.deploy_timeout_s + 60)).get(model_id)
+            if found is None:
+                raise AdminError(409, f"model {model_id!r} was deleted while it deployed", "model_id")
+            rec = found
+        body = {**self.status(rec).model_dump(mode="json"), **extra}
+        if rec.status is ModelStatus.FAILED:
+            await self.reconciler.idle(model_id, FAILED_CLEANUP_WAIT_S)  # its app is removed first
+            return error_response(422, f"deploy of {model_id!r} failed: {rec.message}", status_detail=body)
+        return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
 
     async def deleted(self, ids: list[str], single: bool):
         """Wait (bounded) until the reconciler removed the apps and the registry the records;
@@ -193,26 +252,30 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError):
-        problems = []
-        for err in e.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
-            field = ".".join(loc) or "body"
-            msg = err.get("msg", "invalid").removeprefix("Value error, ")
-            if err.get("type") == "extra_forbidden":
-                msg = f"unknown field; allowed fields are {', '.join(ModelSpec.model_fields)}"
-            elif field == "body" and err.get("type") in ("model_attributes_type", "dict_type", "json_invalid"):
-                msg = "the body must be a JSON object; send it with 'Content-Type: application/json'"
-            problems.append((field, msg))
+        problems = validation_problems(list(e.errors()))
         message = "; ".join(f"{f}: {m}" for f, m in problems)
         return error_response(422, message, problems[0][0] if problems else None)
 
 
-def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time) -> FastAPI:
+def under_policy(spec: ModelSpec, settings: HiveSettings) -> ModelSpec:
+    """A body FastAPI parsed (it validates without context: shape only) checked again against the
+    operator's policy (``core/spec.py``); a refusal is the same 422 as a shape error. Every route
+    that takes a ``ModelSpec`` body calls this first."""
+    try:
+        return ModelSpec.under_policy(spec.model_dump(exclude_unset=True), settings)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+
+
+def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
+                   declared: list[Any] | None = None) -> FastAPI:
     """The admin on ``cluster`` (its registry, planner, Serve apps and nodes), under ``settings``
     (tokens, lifecycle and hold bounds), with ``clock`` for the admin's own wall time (its
-    reconciler and lifecycle read ``time.time``). Call it on a running event loop: the app starts
-    following the registry at once; ``app.state.admin.close()`` stops it."""
-    admin = AdminService(cluster, settings, clock)
+    reconciler and lifecycle read ``time.time``). ``declared``: the models the hive's Serve config
+    lists (``control/admin/declared.py``), reconciled at once; None: none are (the declared records
+    are left as they are). Call it on a running event loop: the app starts following the registry at
+    once; ``app.state.admin.close()`` stops it."""
+    admin = AdminService(cluster, settings, clock, declared)
     app = FastAPI(
         title="Ray Hive admin",
         description="Deploy, plan and remove models; inspect the GPU registry.",
@@ -226,45 +289,51 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
     # --- deploy ------------------------------------------------------------------------
     @app.post("/models", status_code=202, responses=error_responses(400, 401, 404, 409, 413, 422, 503))
     async def deploy(spec: ModelSpec, wait: bool = Query(False, description="Wait until every replica is ready or failed.")):
-        existing = await admin.registry.get_model.remote(spec.model_id)
-        if existing is not None and existing.status not in ENDED:
-            raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
-                                  "DELETE /admin/models/{id} first or choose another model_id", "model_id")
-        began = time.perf_counter()
-        plan = await admin.place(spec)
-        placed = time.perf_counter()
-        problems = await admin.caches.room_problems(plan, await admin.reconciler.weights_in_use())
-        log.info("%s: planned in %.3fs, room for its weights checked in %.3fs", spec.model_id, placed - began,
-                 time.perf_counter() - placed)
-        if problems:
-            raise AdminError(422, f"the weights of {spec.model!r} cannot go where the plan puts its replicas: "
-                                  + "; ".join(problems), "model")
-        record = ModelRecord(model_id=spec.model_id, spec=spec, plan=plan)
-        reservations = [Reservation.for_replica(spec.model_id, rp) for rp in plan.replicas]
-        outcome = await admin.registry.transition.remote(Create(model_id=spec.model_id, record=record,
-                                                                reservations=reservations))
-        if not outcome.ok:
-            field = "model_id" if "model_id" in outcome.message else None
-            raise AdminError(outcome.status_code, outcome.message, field)
-        admin.reconciler.ensure(spec.model_id)
-        rec = outcome.record
-        if wait:
-            def settled(records: dict[str, ModelRecord]) -> bool:
-                r = records.get(spec.model_id)
-                return r is None or r.status is not ModelStatus.DEPLOYING
+        spec = under_policy(spec, settings)
+        return await admin.respond(await admin.admit(spec), wait)
 
-            rec = (await admin.wait_for(settled, settings.deploy_timeout_s + 60)).get(spec.model_id)
-            if rec is None:
-                raise AdminError(409, f"model {spec.model_id!r} was deleted while it deployed", "model_id")
-        body = admin.status(rec).model_dump(mode="json")
-        if rec.status is ModelStatus.FAILED:
-            await admin.reconciler.idle(spec.model_id, FAILED_CLEANUP_WAIT_S)  # its app is removed first
-            return error_response(422, f"deploy of {spec.model_id!r} failed: {rec.message}", status_detail=body)
-        return JSONResponse(body, status_code=202 if rec.status is ModelStatus.DEPLOYING else 200)
+    @app.put("/models/{model_id}", responses=error_responses(400, 401, 404, 409, 413, 422, 503))
+    async def update(model_id: str, spec: ModelSpec,
+                     recreate: bool = Query(False, description="When a change needs new engines: delete the model "
+                                                               "and deploy it with the new settings (downtime)."),
+                     wait: bool = Query(False, description="After a recreate (or a deploy of an ended model): wait "
+                                                           "until every replica is ready or failed.")):
+        """Change a model's settings; the body is its whole spec, as POSTed (``control/admin/updates.py``).
+        The same settings: 200, nothing done. Settings that take effect in place (sleep_timeout,
+        idle_timeout, priority, keep_resident, routing, min/max_replicas around what runs): 200, applied.
+        Anything else needs new engines: 409 saying what to do, or with ``recreate=true`` the model is
+        drained, deleted and deployed again with them (202). A failed or destroyed model is deployed
+        again with the body. Every 2xx answer is the model's status plus ``changed`` (the fields whose
+        values differ) and ``applied``: unchanged | in_place | recreated | deployed."""
+        if spec.model_id != model_id:
+            raise AdminError(422, f"the body's model_id {spec.model_id!r} is not the path's {model_id!r}; a model_id "
+                                  "cannot change: POST the new one and DELETE this one", "model_id")
+        spec = under_policy(spec, settings)
+        rec = await admin.registry.get_model.remote(model_id)
+        if rec is None:
+            raise AdminError(404, f"no model {model_id!r}; POST /admin/models deploys one", "model_id")
+        if rec.status is ModelStatus.DELETING:
+            raise AdminError(409, f"{model_id!r} is being deleted; POST /admin/models once it is gone", "model_id")
+        if rec.status in ENDED:
+            changed = list(spec_change(rec, spec).changed)
+            return await admin.respond(await admin.admit(spec, rec.origin), wait, changed=changed, applied="deployed")
+        amended = await amend(admin, rec, spec, rec.origin, recreate)
+        extra = {"changed": list(amended.change.changed), "applied": amended.how}
+        if amended.how == "recreated":
+            return await admin.respond(amended.record, wait, **extra)
+        return {**admin.status(amended.record).model_dump(mode="json"), **extra}
+
+    @app.get("/declared", response_model=DeclaredReport, responses=error_responses(401))
+    async def declared_models():
+        """The models the hive's Serve config declares (hive-admin's ``models`` arg) and what this admin
+        did about each at its start: deployed, unchanged, updated, adopted, replaced, retrying or error
+        (with the message); and the declared models it deleted because the list no longer names them."""
+        return admin.declared.view()
 
     # --- read and delete ----------------------------------------------------------------
     @app.post("/plan", responses=error_responses(400, 401, 404, 409, 413, 422, 503))
     async def plan(spec: ModelSpec, format: str = Query("json", pattern="^(json|text)$")):
+        spec = under_policy(spec, settings)
         plan = await admin.plan(spec)
         if format == "text":
             return PlainTextResponse(render_plan_table(plan))

@@ -41,7 +41,7 @@ from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.records import SERVING, ModelRecord, ModelStatus
 from hive_apps.core.weights.types import Manifest
-from hive_apps.serving.engine.protocol import EngineLoad
+from hive_apps.serving.engine.protocol import EngineLoad, TTFTHistogram
 
 log = logging.getLogger("ray.serve")
 
@@ -54,6 +54,9 @@ class ReplicaLoad(BaseModel):
     capacity: int  # planned max_num_seqs
     kv_cache_usage: float
     requests_total: int = 0  # taken since its engine started (the admin's history counts per minute from it)
+    prompt_tokens_total: int = 0  # and these, as its engine reports them (EngineLoad): tokens/s and p50 TTFT
+    generation_tokens_total: int = 0
+    ttft: TTFTHistogram = TTFTHistogram()
 
 
 class Room(BaseModel):
@@ -128,7 +131,10 @@ class Lifecycle(ControlPlane):
         return {names.replica_label(rp.index): ReplicaLoad(running=ld.running, waiting=ld.waiting,
                                                            capacity=rp.settings.max_num_seqs,
                                                            kv_cache_usage=ld.kv_cache_usage,
-                                                           requests_total=ld.requests_total)
+                                                           requests_total=ld.requests_total,
+                                                           prompt_tokens_total=ld.prompt_tokens_total,
+                                                           generation_tokens_total=ld.generation_tokens_total,
+                                                           ttft=ld.ttft)
                 for rp, ld in zip(live, loads) if not isinstance(ld, Exception)}
 
     async def _loads(self, rec: ModelRecord, indices: list[int]) -> list[EngineLoad | Exception]:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from hive_apps.core import names
 from hive_apps.core.auth import valid_node_name
 from hive_apps.core.planning.types import EngineSettings, MemoryBreakdown, Rejection
-from hive_apps.core.state.records import IllegalState, ModelRecord, ModelState, ModelStatus, SleepMode, WakeReport
+from hive_apps.core.state.records import (
+    IllegalState,
+    ModelRecord,
+    ModelState,
+    ModelStatus,
+    Origin,
+    SleepMode,
+    WakeReport,
+)
 from hive_apps.core.weights.types import FetchProgress
 
 
@@ -56,6 +64,8 @@ class ModelStatusResponse(BaseModel):
     weight_bytes: int | None = None  # of the source's safetensors files
     phase: str | None = None  # "fetching" while its weights download onto its nodes
     fetch: dict[str, FetchProgress] = {}  # node name -> that node's download, while fetching
+    # api: POSTed; declared: listed in hive-admin's args of the hive's Serve config (docs/declared_models.md)
+    origin: Origin = Origin.API
 
     @classmethod
     def of(cls, rec: ModelRecord, fetching: dict[str, FetchProgress] | None = None) -> ModelStatusResponse:
@@ -97,6 +107,7 @@ class ModelStatusResponse(BaseModel):
             slept_at=rec.slept_at if rec.status is ModelStatus.SLEEPING else None,
             last_request_at=rec.last_request_at,
             last_wake=rec.last_wake,
+            origin=rec.origin,
         )
 
 
@@ -107,6 +118,47 @@ def _state(rec: ModelRecord) -> ModelState | None:
         return rec.state
     except IllegalState:
         return None
+
+
+class DeclaredEntry(BaseModel):
+    """How one model of ``hive-admin``'s ``models`` arg went, at the admin's start (``GET /admin/declared``)."""
+
+    index: int  # its place in the list
+    model_id: str | None = None  # None: the entry names none
+    # pending: not looked at yet; deployed: deployed as declared; unchanged: running as declared; updated:
+    # settings changed in place; adopted: a POSTed model of that id is now declared; replaced: deleted and
+    # deployed again (a change that needs new engines); retrying: not deployed yet, tried again every
+    # retry_s; error: refused (the entry is invalid), the running model (if any) left as it was
+    outcome: Literal["pending", "deployed", "unchanged", "updated", "adopted", "replaced", "retrying", "error"]
+    message: str = ""
+    changed: list[str] = []  # the fields its settings changed in (updated, adopted, replaced)
+    at: float | None = None  # when the outcome was reached
+
+
+class DeclaredReport(BaseModel):
+    """``GET /admin/declared``: the declared models and what the admin did about them at its start."""
+
+    declared: bool  # the Serve config gave hive-admin a models list (else nothing is reconciled)
+    done: bool  # every entry was looked at once (retrying ones are tried again meanwhile)
+    entries: list[DeclaredEntry] = []
+    removed: list[str] = []  # declared models no longer listed: deleted
+
+
+def validation_problems(errors: list[Any]) -> list[tuple[str, str]]:
+    """A ``ValidationError``'s errors of a ``ModelSpec`` as (field, message) pairs, worded for a user."""
+    from hive_apps.core.spec import ModelSpec
+
+    problems = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
+        field = ".".join(loc) or "body"
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = f"unknown field; allowed fields are {', '.join(ModelSpec.model_fields)}"
+        elif field == "body" and err.get("type") in ("model_attributes_type", "dict_type", "json_invalid"):
+            msg = "the body must be a JSON object; send it with 'Content-Type: application/json'"
+        problems.append((field, msg))
+    return problems
 
 
 class MonitorTokenRequest(BaseModel):
@@ -128,6 +180,15 @@ class MonitorToken(BaseModel):
 
     node_name: str
     token: str
+
+
+class AdminError(Exception):
+    """An admin refusal: answered as ``ErrorResponse`` with ``status`` (``extra``: more keys of the body;
+    ``retry_after``: a Retry-After header instead)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, **extra):
+        super().__init__(message)
+        self.status, self.message, self.field, self.extra = status, message, field, extra
 
 
 class ErrorBody(BaseModel):

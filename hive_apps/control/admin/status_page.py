@@ -6,10 +6,14 @@ through); its script asks for the admin token in a field, keeps it in the tab's
 ``/admin/models``, ``/admin/load`` and ``/admin/history`` with it in the ``Authorization`` header
 every few seconds. It draws every node and device with a memory bar and a sparkline of the last
 hour, every model with its state (times relative, the absolute one on hover), load and requests
-over the last hour, and a detail view of one model's plan (why each replica is where it is). With
-the token it can sleep, wake and delete a model, and deploy one after a dry-run preview of the
-same ``/admin/plan`` answer. Every value is drawn as text (``el`` appends strings as text nodes;
-nothing is ever parsed as HTML): a model id or message with markup in it stays text.
+over the last hour (requests/s, tokens/s in and out, running and waiting against planned capacity,
+p50 time to first token, wakes with their durations), and a detail view of one model's plan (why
+each replica is where it is). With the token it can sleep, wake and delete a model, deploy one after
+a dry-run preview of the same ``/admin/plan`` answer, and pre-fetch weights onto nodes
+(``POST /admin/weights``; ``GET /admin/weights`` lists each node's cache). Every value is drawn
+as text (``el`` appends strings as text nodes; nothing is ever parsed as HTML): a model id or
+message with markup in it stays text, and a number the page computes with is checked to be one
+(``num``) before it reaches a chart's points.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ h1 { font-size: 1.3rem; margin: 0 0 .6rem; } h2 { font-size: 1.05rem; margin: 1.
 .chips { grid-column: 2; display: flex; flex-wrap: wrap; gap: .25rem; }
 .chip { font-size: .78rem; padding: 0 .35rem; border-radius: 3px; background: #dbeafe; border: 1px solid var(--res); }
 .chip.dormant { background: #ede9fe; border: 1px dashed var(--dor); }
-.legend span { display: inline-block; width: .8rem; height: .8rem; vertical-align: middle; margin: 0 .2rem 0 .8rem; border-radius: 2px; }
+.legend span:not(#since) { display: inline-block; width: .8rem; height: .8rem; vertical-align: middle; margin: 0 .2rem 0 .8rem; border-radius: 2px; }
 table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d1d5db; padding: .25rem .5rem; text-align: left; vertical-align: top; }
 .st { font-weight: 600; } .st.ready { color: var(--ok); } .st.degraded, .st.healing, .st.waking, .st.deploying, .st.scaling { color: var(--warn); }
 .st.failed, .st.destroyed, .st.deleting { color: var(--bad); } .st.sleeping { color: var(--dor); }
@@ -51,13 +55,15 @@ code { font-size: .85rem; } small, .muted { color: var(--idle); }
 svg.spark { display: block; background: #f9fafb; border: 1px solid #e5e7eb; }
 svg.spark .a { fill: none; stroke: var(--res); stroke-width: 1.5; } svg.spark .b { fill: none; stroke: var(--warn); stroke-width: 1.2; }
 svg.spark .c { fill: none; stroke: var(--dor); stroke-width: 1.2; stroke-dasharray: 3 2; } svg.spark .d { fill: none; stroke: var(--used); stroke-width: 1; }
+svg.spark .e { fill: none; stroke: var(--ok); stroke-width: 1.5; } svg.spark .w { stroke: var(--dor); stroke-width: 2; }
+.hist .lbl { font-size: .72rem; color: var(--idle); margin-top: .1rem; }
 button { font: inherit; padding: .05rem .45rem; margin: .1rem .15rem 0 0; } button.danger { color: var(--bad); }
 #detail { background: #fff; border: 1px solid #d1d5db; border-radius: 6px; padding: .6rem .8rem; margin: .5rem 0; }
 #detail:empty { display: none; } #detail h3 { margin: 0 0 .4rem; }
 .rej { color: var(--bad); } pre { background: #f3f4f6; padding: .5rem; overflow: auto; max-height: 18rem; font-size: .8rem; }
-#deploy { display: grid; grid-template-columns: 12rem 20rem; gap: .3rem .6rem; align-items: center; }
+#deploy, #weights { display: grid; grid-template-columns: 12rem 20rem; gap: .3rem .6rem; align-items: center; }
 #deploy textarea { grid-column: 1 / 3; width: 33rem; height: 4rem; font-family: monospace; }
-#deploy .row { grid-column: 1 / 3; }
+#deploy .row, #weights .row { grid-column: 1 / 3; }
 </style></head>
 <body>
 <h1>Ray Hive</h1>
@@ -70,7 +76,7 @@ button { font: inherit; padding: .05rem .45rem; margin: .1rem .15rem 0 0; } butt
 <div id="notice" role="status"></div>
 <div class="legend">memory:<span style="background:var(--res)"></span>reserved by the hive<span style="background:var(--for)"></span>foreign
 <span style="background:var(--free)"></span>free<span style="background:repeating-linear-gradient(45deg,var(--dor) 0 3px,#fff 3px 6px)"></span>dormant (sleeping models' last place)
-<span style="background:var(--used);height:3px"></span>used · charts: the last hour, one point a minute <span id="since"></span></div>
+<span style="background:var(--used);height:3px"></span>used · charts: the last hour, one point a minute (hover a chart for what it draws) <span id="since"></span></div>
 <h2>Nodes and devices</h2>
 <div id="nodes"></div>
 <h2>Models</h2>
@@ -92,6 +98,15 @@ button { font: inherit; padding: .05rem .45rem; margin: .1rem .15rem 0 0; } butt
   <div class="row">JSON body (POST /admin/models, or /admin/plan for a dry run):<pre id="d-body"></pre></div>
   <div class="row" id="d-plan"></div>
 </form>
+<h2>Weights</h2>
+<form id="weights" autocomplete="off">
+  <label for="w-model">source (org/name[@revision] or s3://bucket/prefix)</label><input id="w-model" required>
+  <label for="w-nodes">nodes (comma-separated names; empty: every node with a GPU)</label><input id="w-nodes">
+  <div class="row"><button type="submit" id="w-submit">Pre-fetch (POST /admin/weights)</button>
+    <small>a later deploy or wake of this source starts without a download; nothing is served</small></div>
+  <div class="row" id="w-result"></div>
+</form>
+<div id="w-cache"></div>
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
@@ -134,23 +149,37 @@ async function call(method, path, body) {
 const get = (path) => call("GET", path);
 function notice(text, ok) { $("notice").className = ok ? "ok" : "err"; $("notice").textContent = text; }
 function pct(part, total) { return total > 0 ? Math.max(0, Math.min(100, 100 * part / total)) : 0; }
-// a small chart of one or more series over the history's window; each series: [class, [[t, v], ...]]
-function spark(series, label, w, h) {
+// a number the hive sent, or null: a chart's points and the page's sums take only finite numbers
+const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+const fix = (v, d) => (num(v) === null ? "–" : v.toFixed(d));
+// a small chart of one or more series over the history's window; each series: [class, [[t, v], ...]] (a
+// point whose value is not a number is left out: a gap); marks: [[t, text], ...] drawn as ticks with a hover text
+function spark(series, label, w, h, marks) {
   w = w || 200; h = h || 34;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("class", "spark"); svg.setAttribute("width", w); svg.setAttribute("height", h);
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`); svg.setAttribute("data-chart", label);
   const title = document.createElementNS(SVG, "title"); title.textContent = label; svg.append(title);
-  const now = hist ? hist.now : Date.now() / 1000, span = 3600;
-  const max = Math.max(1e-9, ...series.flatMap(([, pts]) => pts.map(([, v]) => v)));
-  for (const [cls, pts] of series) {
-    const shown = pts.filter(([t]) => t >= now - span);
-    if (!shown.length) continue;
-    const xy = shown.map(([t, v]) => `${(w * (1 - (now - t) / span)).toFixed(1)},${(h - 2 - (h - 4) * v / max).toFixed(1)}`);
-    if (xy.length === 1) xy.push(xy[0].replace(/^[^,]+/, (x) => String(Math.min(w, +x + 3))));
+  const now = num(hist && hist.now) || Date.now() / 1000, span = 3600;
+  const x = (t) => (w * (1 - (now - t) / span)).toFixed(1);
+  const shown = series.map(([cls, pts]) => [cls, pts.filter(([t, v]) => num(t) !== null && num(v) !== null && t >= now - span)]);
+  const peak = Math.max(0, ...shown.flatMap(([, pts]) => pts.map(([, v]) => v)));
+  svg.setAttribute("data-max", String(peak));  // the highest value drawn (tests read it; 0: a flat line)
+  const max = Math.max(1e-9, peak);
+  for (const [cls, pts] of shown) {
+    if (!pts.length) continue;
+    const xy = pts.map(([t, v]) => `${x(t)},${(h - 2 - (h - 4) * v / max).toFixed(1)}`);
+    if (xy.length === 1) xy.push(xy[0].replace(/^[^,]+/, (x0) => String(Math.min(w, +x0 + 3))));
     const line = document.createElementNS(SVG, "polyline");
     line.setAttribute("class", cls); line.setAttribute("points", xy.join(" "));
     svg.append(line);
+  }
+  for (const [t, text] of (marks || []).filter(([t]) => num(t) !== null && t >= now - span)) {
+    const tick = document.createElementNS(SVG, "line");
+    tick.setAttribute("class", "w"); tick.setAttribute("data-mark", "");
+    tick.setAttribute("x1", x(t)); tick.setAttribute("x2", x(t)); tick.setAttribute("y1", 0); tick.setAttribute("y2", h);
+    const hover = document.createElementNS(SVG, "title"); hover.textContent = text; tick.append(hover);
+    svg.append(tick);
   }
   return svg;
 }
@@ -162,16 +191,29 @@ function deviceChart(id) {
     spark([["a", s((p) => p.reserved_bytes)], ["d", s((p) => p.used_bytes)], ["c", s((p) => p.dormant_bytes)]], "memory " + id),
     el("small", {}, `peak used ${gib(Math.max(...pts.map((p) => p.used_bytes)))} GiB`));
 }
+const ms = (sec) => (num(sec) === null ? "–" : sec < 1 ? Math.round(sec * 1000) + " ms" : sec.toFixed(2) + " s");
 function modelChart(id) {
   const pts = (hist && hist.models[id]) || [];
   if (!pts.length) return el("small", {}, "no history yet");
   const s = (f) => pts.map((p) => [p.t, f(p)]);
   const last = pts[pts.length - 1], wakes = (hist.wakes[id] || []);
-  return el("div", { title: "requests/s (blue); running + waiting (orange) against planned capacity (dashed), per minute" },
-    spark([["a", s((p) => p.requests_per_s)]], "requests/s " + id, 160, 26),
+  const woke = wakes.map((w) => [w.at, `woke in ${fix(w.total_s, 1)} s (${w.how})`]);
+  const peak = (f) => Math.max(0, ...pts.map(f).filter((v) => num(v) !== null));
+  const ttft = pts.filter((p) => num(p.ttft_p50_s) !== null), lastTtft = ttft.length ? ttft[ttft.length - 1].ttft_p50_s : null;
+  return el("div", { title: "per minute, the last hour: requests/s (blue, wakes as purple ticks); tokens/s out (blue) and in (orange); " +
+                            "running + waiting (orange) against planned capacity (dashed); p50 time to first token (green)" },
+    spark([["a", s((p) => p.requests_per_s)]], "requests/s " + id, 160, 26, woke),
+    el("div", { class: "lbl" }, `${fix(last.requests_per_s, 2)} req/s now · peak ${fix(peak((p) => p.requests_per_s), 2)}`),
+    spark([["a", s((p) => p.generation_tokens_per_s)], ["b", s((p) => p.prompt_tokens_per_s)]], "tokens/s " + id, 160, 26),
+    el("div", { class: "lbl", "data-tokens": "" }, `${fix(last.generation_tokens_per_s, 1)} tok/s out, ${fix(last.prompt_tokens_per_s, 1)} in · ` +
+      `peak out ${fix(peak((p) => p.generation_tokens_per_s), 1)}`),
     spark([["b", s((p) => p.running + p.waiting)], ["c", s((p) => p.capacity)]], "load " + id, 160, 26),
-    el("small", {}, `${last.requests_per_s.toFixed(2)} req/s now · peak ${Math.max(...pts.map((p) => p.requests_per_s)).toFixed(2)}` +
-      (wakes.length ? ` · ${wakes.length} wake(s), last ${wakes[wakes.length - 1].total_s.toFixed(1)} s` : "")));
+    el("div", { class: "lbl" }, `running + waiting: peak ${fix(peak((p) => p.running + p.waiting), 0)} of ${fix(last.capacity, 0)} planned`),
+    spark([["e", s((p) => p.ttft_p50_s)]], "p50 TTFT " + id, 160, 26),
+    el("div", { class: "lbl", "data-ttft": "" }, `p50 TTFT ${ms(lastTtft)}` + (ttft.length ? ` · worst minute ${ms(peak((p) => p.ttft_p50_s))}` : " (no first token yet)")),
+    el("div", { class: "lbl", "data-wakes": String(wakes.length) }, wakes.length
+      ? `${wakes.length} wake(s): ` + wakes.slice(-4).map((w) => fix(w.total_s, 1) + " s").join(", ") + (wakes.length > 4 ? " (last 4)" : "")
+      : "no wakes"));
 }
 function deviceRow(d) {
   const t = d.total_bytes, res = Math.min(d.reserved_bytes, t), fr = Math.min(d.foreign_bytes, t - res);
@@ -285,7 +327,7 @@ async function drawDetail() {
     w ? el("p", { "data-wake": "" }, when(w.ready_at, "", " ago"), ` (${w.how}): ${w.total_s.toFixed(1)} s in all = placement ${w.placement_s.toFixed(1)} s` +
       (w.engine_start_s != null ? ` + engine ${w.engine_start_s.toFixed(1)} s` : "") + (w.warm_up_s != null ? ` + warm-up ${w.warm_up_s.toFixed(2)} s` : "") +
       (w.evicted.length ? ` · put to sleep for it: ${w.evicted.join(", ")}` : "")) : el("p", { class: "muted" }, "it has not slept and woken"),
-    wakes.length > 1 ? el("p", {}, "wakes in the last hour and a half: " + wakes.map((x) => x.total_s.toFixed(1) + " s").join(", ")) : el("span"),
+    wakes.length > 1 ? el("p", {}, "wakes in the last hour and a half: " + wakes.map((x) => fix(x.total_s, 1) + " s").join(", ")) : el("span"),
     m.policy_warning ? el("p", { class: "rej" }, m.policy_warning) : el("span")));
 }
 // --- deploy: the form builds the JSON body; preview asks /admin/plan (reserves nothing) ----------
@@ -330,10 +372,45 @@ async function deploy(ev) {
   $("d-submit").disabled = false;
   refresh();
 }
+// --- weights: pre-fetch a source onto nodes (POST /admin/weights), and what each node's cache holds ---------
+async function prefetch(ev) {
+  ev.preventDefault();
+  const body = { model: $("w-model").value.trim() };
+  const nodes = $("w-nodes").value.split(",").map((x) => x.trim()).filter(Boolean);
+  if (nodes.length) body.nodes = nodes;
+  $("w-submit").disabled = true;
+  try {
+    const r = await call("POST", "/weights", body);
+    const per = Object.entries(r.nodes || {}).map(([node, p]) => el("li", { "data-prefetch": node },
+      `${node}: ${p.state}` + (p.bytes_total ? ` · ${gib(p.bytes_done)} / ${gib(p.bytes_total)} GiB` : "") + (p.error ? " · " + p.error : "")));
+    $("w-result").replaceChildren(el("p", {}, `${r.model} at revision ${r.revision}: ${gib(r.bytes)} GiB`), el("ul", {}, ...per));
+    notice(`pre-fetch ${body.model}: asked on ${per.length} node(s)`, true);
+  } catch (e) {
+    $("w-result").replaceChildren(el("p", { class: "rej" }, "refused: " + e.message));
+    notice("pre-fetch refused: " + e.message, false);
+  }
+  $("w-submit").disabled = false;
+  await drawWeights();
+}
+async function drawWeights() {
+  let w;
+  try { w = await get("/weights"); } catch (e) { $("w-cache").replaceChildren(el("p", { class: "muted" }, "weight caches not read: " + e.message)); return; }
+  const rows = Object.entries(w.nodes || {}).flatMap(([node, c]) => c.error
+    ? [el("tr", { "data-cache-node": node }, el("td", {}, node), el("td", { colspan: "4", class: "rej" }, c.error))]
+    : (c.weights || []).map((x) => el("tr", { "data-cached": x.source, "data-cache-node": node },
+      el("td", {}, node), el("td", {}, x.source), el("td", {}, String(x.revision).slice(0, 12)),
+      el("td", {}, `${gib(x.bytes)} GiB` + (x.complete ? "" : " (partial)") + (x.in_use ? " · in use" : "")),
+      el("td", {}, when(x.last_used)))));
+  $("w-cache").replaceChildren(rows.length
+    ? el("table", {}, el("thead", {}, el("tr", {}, ...["node", "source", "revision", "size", "last used"].map((h) => el("th", {}, h)))), el("tbody", {}, ...rows))
+    : el("p", { class: "muted" }, "no weights cached on any node"));
+}
 async function refresh() {
   if (!token) return;
   try {
-    if (refreshes++ % 5 === 0 || !hist) hist = await get("/history");
+    const slow = refreshes++ % 5 === 0;  // the history and the weight caches change slowly: every fifth refresh
+    if (slow || !hist) hist = await get("/history");
+    if (slow) drawWeights();  // not awaited: a slow node's cache must not hold the rest of the page
     const [nodes, gpus, models, load] = await Promise.all([get("/nodes"), get("/gpus"), get("/models"), get("/load")]);
     drawNodes(nodes.nodes, gpus.devices);
     drawModels(models.models, load.models);
@@ -356,6 +433,7 @@ $("auth").addEventListener("submit", (ev) => {
 $("deploy").addEventListener("submit", deploy);
 $("deploy").addEventListener("input", showBody);
 $("d-preview").addEventListener("click", preview);
+$("weights").addEventListener("submit", prefetch);
 showBody();
 refresh();
 setInterval(refresh, REFRESH_MS);

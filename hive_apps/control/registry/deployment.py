@@ -84,16 +84,18 @@ class StartLockState(BaseModel):
 
 class Registry:
     async def __init__(self, settings: HiveSettings | None = None,  # type: ignore[misc]  # Serve awaits it
-                       clock: Callable[[], float] = time.time):
+                       clock: Callable[[], float] = time.time, publisher: metrics.Publisher | None = None):
         """Serve awaits this; so do the unit tests (``Registry.__new__`` then ``await __init__``).
-        ``clock``: wall time, which transitions stamp records with and samples age by."""
+        ``clock``: wall time, which transitions stamp records with and samples age by. A composition
+        root: what Serve does not pass (settings, the metrics publisher) it builds here."""
         self.settings = settings or get_settings()
         self.clock = clock
+        self.publisher = publisher or metrics.Publisher()
         self.cluster = get_cluster()
         self.ledger = Ledger(self.settings.memory_budget_fraction)
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
         load = self.store.load_all_async
-        stored = await load(MODEL_KEY, load_stored)
+        stored = await load(MODEL_KEY, lambda raw: load_stored(raw, self.settings))
         self.book = ModelBook(self.ledger, [s.record for s in stored])
         # Followers long-poll with the last version they saw; a restarted registry starts past any
         # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
@@ -175,7 +177,8 @@ class Registry:
             await self._persist(drift)
         self.last_sample_at = self.clock()
         self.sampled.set()
-        metrics.publish_registry(await self.device_states(), list(self.ledger.reservations.values()), self.book.list())
+        self.publisher.publish_registry(await self.device_states(), list(self.ledger.reservations.values()),
+                                        self.book.list())
 
     def _prefer_agent(self, node_id: str, sample: NodeSample) -> NodeSample:
         """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's for
@@ -294,7 +297,7 @@ class Registry:
             self.start_locks.release(model_id)
             await self._save_start_locks()
         await self._persist([change])
-        metrics.on_transition(rule.method, before, change.record, kwargs)
+        self.publisher.on_transition(rule.method, before, change.record, kwargs)
         return Outcome(ok=True, record=change.record)
 
     # --- reservations and start locks --------------------------------------------------

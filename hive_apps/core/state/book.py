@@ -31,6 +31,8 @@ for one with a typed message; ``core/state/transitions.py`` maps each onto its m
     retire        ready                         (same), one retiring    admin: every replica idle for a window
     retired       ready | degraded (retiring)   one fewer; degraded     admin: it drained and its engine is gone
                                                 only if others are lost
+    respec        any but deleting | ended      (same), new spec        admin: PUT /models/{id}, declared models
+                                                and origin              (only changes that need no new engines)
     node_lost     any                           degraded where serving  registry: a node died (a retiring replica
                                                                         only waits for ``retired``)
     drift         any                           (same)                  registry: measured vs reserved
@@ -44,6 +46,8 @@ from dataclasses import dataclass, field
 
 from hive_apps.core import names
 from hive_apps.core.planning.types import Plan, ReplicaPlan
+from hive_apps.core.spec import ModelSpec
+from hive_apps.core.state.changes import spec_change
 from hive_apps.core.state.ledger import DeviceState, Ledger, ReservationError
 from hive_apps.core.state.records import (
     DORMANT,
@@ -52,6 +56,7 @@ from hive_apps.core.state.records import (
     STARTING,
     ModelRecord,
     ModelStatus,
+    Origin,
     Reservation,
     ReservationState,
     SleepMode,
@@ -61,6 +66,7 @@ from hive_apps.core.state.records import (
 
 HEAL_BACKOFF_BASE_S = 2.0
 ANY = tuple(ModelStatus)
+RESPEC_FROM = tuple(s for s in ModelStatus if s not in ENDED and s is not ModelStatus.DELETING)
 
 
 class TransitionError(Exception):
@@ -507,6 +513,20 @@ class ModelBook:
         rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.retiring, rec.message = [], f"scaled down: removed {', '.join(done)}"
         return self._commit(rec, forgotten=forgotten)
+
+    # --- settings ---------------------------------------------------------------------------------
+    def respec(self, model_id: str, version: int, spec: ModelSpec, origin: Origin) -> Change:
+        """New settings that take effect in place (``core/state/changes.py``: what the lifecycle loop and
+        the routers read from the record), and who asked for the model (``origin``)."""
+        rec = self._current(model_id, "respec", version, RESPEC_FROM)
+        if spec.model_id != model_id:
+            raise TransitionError(f"respec: the spec is of {spec.model_id!r}, not {model_id!r}", 422)
+        restart = spec_change(rec, spec).restart
+        if restart:
+            raise TransitionError(f"respec: {', '.join(restart)} of {model_id!r} cannot change in place: "
+                                  + "; ".join(f"{f}: {why}" for f, why in restart.items()))
+        rec.spec, rec.origin = spec, origin
+        return self._commit(rec)
 
     # --- transitions the registry makes itself --------------------------------------------------
     def node_lost(self, dead_node_ids: set[str], dead_names: set[str], alive_names: set[str]) -> builtins.list[Change]:

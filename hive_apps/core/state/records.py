@@ -12,14 +12,17 @@ import json
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, model_validator
 
 from hive_apps.core import names
 from hive_apps.core.devices import host_id
 from hive_apps.core.planning.types import Plan, ReplicaPlan
-from hive_apps.core.spec import ModelSpec
+from hive_apps.core.spec import SETTINGS, ModelSpec
+
+if TYPE_CHECKING:
+    from hive_apps.core.settings import HiveSettings
 
 SCHEMA_VERSION: Final = 1  # of the stored records below; a record of another version is quarantined
 HOST_SUFFIX = "@host"  # a host-RAM reservation's key: ``<model_id>/r<i>@host``
@@ -101,6 +104,14 @@ DORMANT = (ModelStatus.SLEEPING, ModelStatus.WAKING)  # requests are held until 
 LISTED = (*SERVING, *DORMANT)  # on GET /v1/models: a request is served now or wakes it
 ENDED = (ModelStatus.FAILED, ModelStatus.DESTROYED)  # a new deploy may take the id
 HOLDING = (ModelStatus.DEPLOYING, *SERVING, *DORMANT)  # statuses whose replicas hold reservations while resident
+
+
+class Origin(str, Enum):
+    """Who asked for a model: ``POST /admin/models`` (``api``), or the hive's Serve config, which lists
+    it in ``hive-admin``'s args (``declared``: removing it from the list deletes it; docs/declared_models.md)."""
+
+    API = "api"
+    DECLARED = "declared"
 
 
 class SleepMode(str, Enum):
@@ -264,6 +275,7 @@ class ModelRecord(BaseModel):
     last_wake: WakeReport | None = None
     woke_at: float | None = None  # when it last became ready after sleeping (minimum residency)
     destroy_reason: str = ""  # set while an idle model is removed; then status is destroyed
+    origin: Origin = Origin.API  # api: POSTed; declared: listed in the hive's Serve config (``respec`` may change it)
     # why today's policy refuses its stored spec (set when the registry reads it back; never stored)
     policy_warning: str = Field(default="", exclude=True)
 
@@ -298,13 +310,13 @@ class ModelRecord(BaseModel):
         return state
 
     @classmethod
-    def from_stored(cls, raw: bytes) -> ModelRecord:
+    def from_stored(cls, raw: bytes, settings: HiveSettings | None = None) -> ModelRecord:
         """A record as the registry stored it. Its spec was accepted when it was deployed, so one that
-        today's policy refuses (a narrowed setting, a stricter ModelSpec after an upgrade) keeps running,
-        with the reason in ``policy_warning`` and its message, until an operator deletes it. Raises only
-        when the record does not parse even without the spec's validators."""
+        today's policy (``settings``; None: the spec's shape only) or a stricter ModelSpec after an
+        upgrade refuses keeps running, with the reason in ``policy_warning`` and its message, until an
+        operator deletes it. Raises only when the record does not parse even without the spec's validators."""
         try:
-            return cls.model_validate_json(raw, context={STORED: True})
+            return cls.model_validate_json(raw, context={STORED: True, SETTINGS: settings})
         except ValidationError as e:
             refused = e
         try:
@@ -379,6 +391,6 @@ def dump_stored(rec: ModelRecord, reservations: list[Reservation]) -> bytes:
     return json.dumps(body).encode()
 
 
-def load_stored(raw: bytes) -> StoredModel:
+def load_stored(raw: bytes, settings: HiveSettings | None = None) -> StoredModel:
     """A model's KV value read back (raises, like ``ModelRecord.from_stored``, when it does not parse)."""
-    return StoredModel(ModelRecord.from_stored(raw), _Bookings.model_validate_json(raw).reservations)
+    return StoredModel(ModelRecord.from_stored(raw, settings), _Bookings.model_validate_json(raw).reservations)

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hive_apps.core.planning.types import Plan, ReplicaPlan
-from hive_apps.core.state.records import ModelRecord, Reservation
+from hive_apps.core.spec import ModelSpec
+from hive_apps.core.state.records import ModelRecord, Origin, Reservation
 
 
 class Transition(BaseModel):
@@ -138,6 +139,14 @@ class Retired(Versioned):
     pass
 
 
+class Respec(Versioned):
+    """``PUT /admin/models/{id}`` or a declared model: settings that need no new engines
+    (``core/state/changes.py``), and who asked for the model."""
+
+    spec: ModelSpec
+    origin: Origin
+
+
 @dataclass(frozen=True)
 class Rule:
     """How the registry runs one message: ``ModelBook.<method>(**arguments)``, with ``now`` added where
@@ -179,6 +188,7 @@ RULES: dict[type[Transition], Rule] = {
     ScaleFailed: Rule("scale_failed"),
     Retire: Rule("retire"),
     Retired: Rule("retired"),
+    Respec: Rule("respec"),
 }
 
 # the lists of names, derived from the table

@@ -12,11 +12,12 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hive_apps.core.planning.types import ReplicaPlan
-from hive_apps.core.settings import get_settings
-from hive_apps.ops.metrics import TokenCount
+from hive_apps.core.settings import HiveSettings, get_settings
+from hive_apps.ops.metrics import Publisher, TokenCount
 from hive_apps.serving.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.serving.engine.start_lock import device_lock
@@ -49,21 +50,22 @@ def serve_log_file_kept(logger_name: str = "ray.serve") -> Iterator[None]:
                 handler.flush()
 
 
-def weights_folder(weights: Manifest | str) -> str:
-    """The folder this replica loads, on its own node: the node cache's copy of the plan's revision
-    (its fetcher put it there before the engine was started), or a shared folder this node must
-    have. A plain string is a plan from before weight sources: the folder as planned."""
+def weights_folder(weights: Manifest | str, weights_cache: Path) -> str:
+    """The folder this replica loads, on its own node: the node cache's copy (``weights_cache``:
+    this node's HIVE_WEIGHTS_CACHE) of the plan's revision (its fetcher put it there before the
+    engine was started), or a shared folder this node must have. A plain string is a plan from
+    before weight sources: the folder as planned."""
     from hive_apps.core.weights.cache import NodeCache
     from hive_apps.core.weights.types import SourceKind
 
     if isinstance(weights, str):
         return weights
-    cache = NodeCache(get_settings().weights_cache)
+    cache = NodeCache(weights_cache)
     if weights.source.kind is SourceKind.LOCAL:
         return str(cache.local_folder(weights))  # raises, naming this node, when it lacks the folder
     if not cache.is_complete(weights):
         raise RuntimeError(f"the weights of {weights.source} at {weights.revision} are not complete in this node's "
-                           f"cache ({get_settings().weights_cache}); the hive fetches them before it starts an engine")
+                           f"cache ({weights_cache}); the hive fetches them before it starts an engine")
     cache.touch(weights.key)
     return str(cache.folder(weights))
 
@@ -138,7 +140,12 @@ class EngineBase:
     runner: str = "generate"
     pooling_task: str = "embed"  # a pooling engine's warm-up route: embed, classify or score (what it serves)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: HiveSettings | None = None, publisher: Publisher | None = None) -> None:
+        """The engine replica's composition root (Serve builds the engine on its node): the node's
+        settings (HIVE_WEIGHTS_CACHE, the engine port, lock deadlines) and the metrics publisher are
+        read or made here, unless a test passes its own."""
+        self.settings = settings or get_settings()
+        self.publisher = publisher or Publisher()
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
         self.use_start_lock = True  # sleeps and wakes take the devices' start lock (serving/engine/start_lock.py)
@@ -153,13 +160,13 @@ class EngineBase:
     def count_tokens(self, prompt: int, generated: int) -> None:
         """Tokens this replica's engine processed (``hive_tokens``)."""
         if self._tokens is None:
-            self._tokens = TokenCount(self.model_id, self.replica.index)
+            self._tokens = TokenCount(self.model_id, self.replica.index, self.publisher)
         self._tokens.add(prompt, generated)
 
     async def start_http(self) -> None:
         """Open the replica's own HTTP port once the engine is ready (``serving/engine/http_server.py``)."""
-        if get_settings().engine_http:
-            self.http = await start_http_server(self.app, self._count_request, self.load)
+        if self.settings.engine_http:
+            self.http = await start_http_server(self.app, self._count_request, self.load, self.settings.engine_port_range)
 
     def _count_request(self, delta: int) -> None:
         """A request came (+1) or finished (-1): both move the idle clock the lifecycle reads."""
@@ -247,7 +254,7 @@ class EngineBase:
         start there to settle, and a start waits for it (the start's NVML delta must be its own)."""
         if not self.use_start_lock or not self.replica.device_kind.is_gpu:
             return contextlib.nullcontext()
-        return device_lock(self.model_id, self.replica, what)
+        return device_lock(self.model_id, self.replica, what, self.settings.deploy_timeout_s)
 
     async def sleep(self, level: int) -> float:
         """Free the device memory (level 1: weights to host RAM; level 2: weights discarded).

@@ -198,16 +198,17 @@ class RunningServer:
         await self.task
 
 
-async def start_http_server(app: Any, on_request: Callable[[int], None], load: Callable[[], BaseModel]) -> RunningServer:
-    """Serve ``app`` on a free port of this node (in HIVE_ENGINE_PORT_RANGE if set), in the running event loop."""
+async def start_http_server(app: Any, on_request: Callable[[int], None], load: Callable[[], BaseModel],
+                            port_range: tuple[int, int] | None) -> RunningServer:
+    """Serve ``app`` on a free port of this node (in ``port_range``, HIVE_ENGINE_PORT_RANGE, if set),
+    in the running event loop."""
     import ray
 
     from hive_apps.core.ports import listen_in_range
-    from hive_apps.core.settings import get_settings
 
     token = secrets.token_urlsafe(24)
     host = ray.util.get_node_ip_address()  # the node's cluster address, not every interface
-    sock = listen_in_range(get_settings().engine_port_range, host)  # HIVE_ENGINE_PORT_RANGE, else any free port
+    sock = listen_in_range(port_range, host)  # HIVE_ENGINE_PORT_RANGE, else any free port
     port = sock.getsockname()[1]
     # Bounded: connections and requests in flight past MAX_CONNECTIONS get a 503 (OVERLOADED_HEADER),
     # a request's head and read time by BoundedHttpProtocol, idle keep-alive connections close

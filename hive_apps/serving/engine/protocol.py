@@ -8,10 +8,14 @@ path, so the router never needs to understand the OpenAI body to pass it on.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from hive_apps.core.buckets import TTFT_BOUNDS_S
 
 
 class ForwardedRequest(BaseModel):
@@ -34,6 +38,17 @@ class ResponseStart(BaseModel):
         return "application/json"
 
 
+class TTFTHistogram(BaseModel):
+    """Time to first token of every request since the engine started, as a Prometheus histogram:
+    ``buckets[i]`` requests had their first token within ``TTFT_BOUNDS_S[i]`` seconds (vLLM's own
+    bounds, ``core/buckets.py``; cumulative, so the last is at most ``count``: the rest were slower
+    than the last bound). Empty: an engine from before the histogram."""
+
+    buckets: list[int] = Field(default_factory=list)
+    count: int = 0
+    sum_s: float = 0.0
+
+
 class EngineLoad(BaseModel):
     """Live load of one replica, from the engine's own scheduler stats."""
 
@@ -45,6 +60,41 @@ class EngineLoad(BaseModel):
     updated_at: float = 0.0
     requests_total: int = 0  # requests taken since the engine started (warm-up, health and load polls not counted)
     last_request_at: float | None = None  # wall time a request last came or finished (the lifecycle's idle clock)
+    # cumulative since the engine started (warm-up included, as vLLM's own counters): the admin's history
+    # turns the change between two reads into tokens/s and the p50 time to first token (core/history.py)
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    ttft: TTFTHistogram = Field(default_factory=TTFTHistogram)
+
+
+class EngineCounters:
+    """What an engine counts for its load report: prompt and generated tokens, and each request's
+    time to first token (filled by the sim engine and by vLLM's stat-logger hook)."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self._ttft = [0] * len(TTFT_BOUNDS_S)  # per bucket, not cumulative (one slot per bound)
+        self._ttft_count = 0
+        self._ttft_sum_s = 0.0
+
+    def tokens(self, prompt: int, generated: int) -> None:
+        self.prompt_tokens += max(0, int(prompt))
+        self.generation_tokens += max(0, int(generated))
+
+    def first_token(self, seconds: float) -> None:
+        seconds = max(0.0, float(seconds))
+        i = bisect.bisect_left(TTFT_BOUNDS_S, seconds)  # the first bound >= seconds (le, as Prometheus)
+        if i < len(TTFT_BOUNDS_S):
+            self._ttft[i] += 1
+        self._ttft_count += 1
+        self._ttft_sum_s += seconds
+
+    def fields(self) -> dict[str, Any]:
+        """The ``EngineLoad`` fields, cumulative."""
+        return {"prompt_tokens_total": self.prompt_tokens, "generation_tokens_total": self.generation_tokens,
+                "ttft": TTFTHistogram(buckets=list(itertools.accumulate(self._ttft)), count=self._ttft_count,
+                                      sum_s=round(self._ttft_sum_s, 6))}
 
 
 async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:

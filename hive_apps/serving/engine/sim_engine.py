@@ -47,9 +47,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from hive_apps.core.lifecycle import cold_start_s, sleep_s, wake_s
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.planning.types import ReplicaPlan
+from hive_apps.core.settings import HiveSettings
 from hive_apps.core.weights.types import Manifest
+from hive_apps.ops.metrics import Publisher
 from hive_apps.serving.engine.base import EngineBase, weights_folder
-from hive_apps.serving.engine.protocol import EngineLoad
+from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
 from hive_apps.serving.routing.prefix import BYTES_PER_TOKEN, BlockLRU, block_keys, cache_blocks, prompt_bytes
 
@@ -116,14 +118,15 @@ class SimRequest(BaseModel):
 
 class SimEngine(EngineBase):
     async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan,  # type: ignore[misc]
-                       use_start_lock: bool = True):  # Serve awaits it
-        super().__init__()
+                       use_start_lock: bool = True, settings: HiveSettings | None = None,  # Serve awaits it
+                       publisher: Publisher | None = None):
+        super().__init__(settings, publisher)
         self.model_id, self.replica = model_id, replica
         self.use_start_lock = use_start_lock
-        self.weights_path = weights_folder(weights)  # like a real engine: the weights must be on this node
+        self.weights_path = weights_folder(weights, self.settings.weights_cache)  # like a real engine: the weights must be on this node
         kw = replica.engine_kwargs
         if use_start_lock:
-            async with start_lock(model_id, replica) as report:
+            async with start_lock(model_id, replica, self.settings.deploy_timeout_s) as report:
                 await self._start(kw)
                 report.measured_bytes = int(replica.reservation_bytes * float(kw.get("sim_memory_factor", 1.0)))
         else:
@@ -138,6 +141,7 @@ class SimEngine(EngineBase):
         self.prefix_cache = (BlockLRU(cache_blocks(replica, block_tokens=BLOCK_TOKENS))
                              if kw.get("enable_prefix_caching", True) else None)
         self.prefix_queries = self.prefix_hits = 0  # prompt tokens looked up / found in the prefix cache
+        self.counters = EngineCounters()  # tokens in and out, time to first token (EngineLoad)
         self.running = 0
         self.waiting = 0
         self.app = self._build_app()
@@ -196,11 +200,14 @@ class SimEngine(EngineBase):
         return EngineLoad(
             running=self.running, waiting=self.waiting, **self.activity(),
             max_num_seqs=self.replica.settings.max_num_seqs, updated_at=time.time(),
-            kv_cache_usage=self.running / self.replica.settings.max_num_seqs,
+            kv_cache_usage=self.running / self.replica.settings.max_num_seqs, **self.counters.fields(),
         )
 
     async def _generate(self, prompt_tokens: int, max_tokens: int, keys: list[int] | None = None):
-        """Admit like a scheduler, then yield one word per decode step; ``keys``: the prompt's blocks."""
+        """Admit like a scheduler, then yield one word per decode step; ``keys``: the prompt's blocks.
+        Its time to first token runs from its arrival, as vLLM's does: the wait for a slot, the prefill
+        and the first decode step."""
+        arrived = time.monotonic()
         self.waiting += 1
         try:
             await self.slots.acquire()
@@ -211,9 +218,13 @@ class SimEngine(EngineBase):
             computed = prompt_tokens - self.cached_tokens(keys or [], prompt_tokens)
             await asyncio.sleep(computed / (self.tokens_per_s * 50))  # prefill is ~50x faster than decode
             self.count_tokens(prompt_tokens, 0)
+            self.counters.tokens(prompt_tokens, 0)
             for i in range(max_tokens):
                 await asyncio.sleep(1.0 / self.tokens_per_s)
                 self.count_tokens(0, 1)
+                self.counters.tokens(0, 1)
+                if i == 0:
+                    self.counters.first_token(time.monotonic() - arrived)
                 yield WORDS[(prompt_tokens + i + self.skew) % len(WORDS)] + " "
         finally:
             self.running -= 1

@@ -18,7 +18,6 @@ from hive_apps.control.registry.monitor import nvml_used_bytes
 from hive_apps.core import names
 from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.types import ReplicaPlan
-from hive_apps.core.settings import get_settings
 
 log = logging.getLogger("ray.serve")
 
@@ -33,9 +32,10 @@ class StartReport:
     measured_bytes: int | None = None
 
 
-async def _acquire(registry, devices: list[str], holder: str) -> None:
+async def _acquire(registry, devices: list[str], holder: str, hold_s: float) -> None:
+    """``hold_s``: the longest the registry keeps the lock for this holder (HIVE_DEPLOY_TIMEOUT_S)."""
     waited = time.monotonic()
-    while not await registry.acquire_start_lock.remote(devices, holder, get_settings().deploy_timeout_s):
+    while not await registry.acquire_start_lock.remote(devices, holder, hold_s):
         await asyncio.sleep(POLL_S)
     waited = time.monotonic() - waited
     if waited > POLL_S:
@@ -43,13 +43,13 @@ async def _acquire(registry, devices: list[str], holder: str) -> None:
 
 
 @asynccontextmanager
-async def device_lock(model_id: str, replica: ReplicaPlan, what: str):
+async def device_lock(model_id: str, replica: ReplicaPlan, what: str, hold_s: float):
     """The start lock for an in-place ``what`` (sleep, wake) of a running replica: no NVML wait,
     vLLM's sleep and wake return once the memory is freed or taken. Its own holder name, so its
-    release never frees a start's lock."""
+    release never frees a start's lock. ``hold_s``: HIVE_DEPLOY_TIMEOUT_S."""
     registry = get_cluster().app_handle(names.REGISTRY_APP)
     holder = f"{names.replica_key(model_id, replica.index)}/{what}"
-    await _acquire(registry, replica.devices, holder)
+    await _acquire(registry, replica.devices, holder, hold_s)
     try:
         yield
     finally:
@@ -57,10 +57,12 @@ async def device_lock(model_id: str, replica: ReplicaPlan, what: str):
 
 
 @asynccontextmanager
-async def start_lock(model_id: str, replica: ReplicaPlan):
+async def start_lock(model_id: str, replica: ReplicaPlan, hold_s: float):
+    """The start lock of the replica's devices while its engine starts. ``hold_s``: HIVE_DEPLOY_TIMEOUT_S,
+    after which the registry frees a lock whose holder never released it."""
     registry = get_cluster().app_handle(names.REGISTRY_APP)
     holder = names.replica_key(model_id, replica.index)
-    await _acquire(registry, replica.devices, holder)
+    await _acquire(registry, replica.devices, holder, hold_s)
     gpu = replica.device_kind is DeviceKind.GPU
     before = nvml_used_bytes(replica.device_indices) if gpu else []
     report = StartReport()

@@ -16,7 +16,7 @@ from typing import Any
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.weights.types import Manifest
 from hive_apps.serving.engine.base import EngineBase, restore_node_environment, serve_log_file_kept, weights_folder
-from hive_apps.serving.engine.protocol import EngineLoad
+from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
 from hive_apps.serving.engine.vllm_audio import fit_audio_path
 
@@ -38,6 +38,7 @@ class LoadTracker:
         self.kv_cache_usage = 0.0
         self.updated_at = 0.0
         self.on_tokens = lambda prompt, generated: None  # the engine's token counter
+        self.counters = EngineCounters()  # tokens and time to first token for EngineLoad (the admin's history)
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         if scheduler_stats is not None:
@@ -47,6 +48,9 @@ class LoadTracker:
             self.updated_at = time.time()
         if iteration_stats is not None:
             self.on_tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)
+            self.counters.tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)
+            for ttft in getattr(iteration_stats, "time_to_first_tokens_iter", ()):  # vLLM 0.32's name
+                self.counters.first_token(ttft)
 
 
 def make_stat_logger(tracker: LoadTracker):
@@ -65,8 +69,9 @@ def make_stat_logger(tracker: LoadTracker):
     return HiveLoadLogger
 
 
-def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, Any]):
-    """vLLM's own `vllm serve` argument namespace, with the plan's settings applied.
+def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, Any], media_hosts: list[str]):
+    """vLLM's own `vllm serve` argument namespace, with the plan's settings applied, fetching media
+    only from ``media_hosts`` (HIVE_MEDIA_HOSTS).
 
     Structured values (dicts and lists, e.g. ``structured_outputs_config``) go through
     vLLM's parser as JSON so they become its config objects; scalars are set directly.
@@ -92,11 +97,9 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
             setattr(args, key, value)
     # vLLM fetches media URLs itself: only from the operator's hosts (the routers refuse the rest
     # first, serving/routing/media.py; vLLM reads an empty list as "any host", so it is left unset then)
-    from hive_apps.core.settings import get_settings
-
     # what the routers check first, again in the engine: only HIVE_MEDIA_HOSTS, and with none set a
     # domain that cannot exist, so vLLM fetches no http(s) media at all (data: URLs still work)
-    args.allowed_media_domains = list(get_settings().media_hosts) or [NO_MEDIA_HOST]
+    args.allowed_media_domains = list(media_hosts) or [NO_MEDIA_HOST]
     args.served_model_name = [model_id]
     validate_parsed_serve_args(args)
     return args
@@ -119,13 +122,13 @@ class VLLMEngine(EngineBase):
 
         fit_audio_path()
         self.model_id, self.replica = model_id, replica
-        self.weights_path = weights_folder(weights)
+        self.weights_path = weights_folder(weights, self.settings.weights_cache)
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens
-        async with start_lock(model_id, replica):
+        async with start_lock(model_id, replica, self.settings.deploy_timeout_s):
             with serve_log_file_kept():  # vLLM re-configures logging as it starts
                 t0 = time.perf_counter()
-                args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs)
+                args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs, self.settings.media_hosts)
                 engine_args = AsyncEngineArgs.from_cli_args(args)
                 vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
                 self.engine = AsyncLLM.from_vllm_config(
@@ -155,6 +158,7 @@ class VLLMEngine(EngineBase):
             **self.activity(),
             max_num_seqs=self.replica.settings.max_num_seqs,
             updated_at=self.tracker.updated_at,
+            **self.tracker.counters.fields(),
         )
 
     # --- vLLM's sleep mode (CUDA; the planner starts the engine with enable_sleep_mode) ------

@@ -18,6 +18,7 @@ from hive_apps.control.cluster import get_cluster
 from hive_apps.core import names
 from hive_apps.core.auth import warn_if_open
 from hive_apps.core.settings import get_settings
+from hive_apps.ops.metrics import Publisher
 from hive_apps.serving.gateway.ingress import make_gateway_app
 
 REPLICAS = 2
@@ -35,7 +36,7 @@ class Gateway:
     def __init__(self, replicas: int = REPLICAS):
         settings = get_settings()
         warn_if_open(settings, names.GATEWAY_APP)
-        self.app = make_gateway_app(get_cluster(), settings, replicas=replicas)
+        self.app = make_gateway_app(get_cluster(), settings, replicas=replicas, publisher=Publisher())
 
     async def __call__(self, request: Request) -> Response:
         return await self.app.answer(request)

@@ -20,6 +20,7 @@ from hive_apps.control.cluster import Cluster
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state.records import LISTED, SERVING, ModelRecord
+from hive_apps.ops.metrics import Publisher
 from hive_apps.serving import request_ids
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.routing.follow import (
@@ -43,12 +44,14 @@ class GatewayApp(OpenAIEntry):
     requires_model = True
 
     def __init__(self, cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
-                 replicas: int = 1):
+                 replicas: int = 1, *, publisher: Publisher):
         self.settings = settings
+        self.publisher = publisher
         self._records: dict[str, ModelRecord] = {}
-        self._replicas = ModelReplicas(cluster)
+        self._replicas = ModelReplicas(cluster, settings=settings, publisher=publisher)
         self.replicas_of = self._replicas.of
-        self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock, replicas=replicas)
+        self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock, replicas=replicas,
+                             publisher=publisher)
         self._new_models = NewModelLookup(lambda model_id: registry_record(model_id, cluster))
         self._seen = asyncio.Event()
         self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models, cluster))
@@ -101,9 +104,9 @@ class GatewayApp(OpenAIEntry):
 
 
 def make_gateway_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,
-                     replicas: int = 1) -> GatewayApp:
+                     replicas: int = 1, *, publisher: Publisher) -> GatewayApp:
     """The gateway on ``cluster`` (its registry and engines), under ``settings`` (API keys, hold
     bounds, media hosts), with ``clock`` for wall time, as one of ``replicas`` gateway replicas
-    (they share the hold bound). Call it on a running event loop: the app starts following the
-    registry at once."""
-    return GatewayApp(cluster, settings, clock, replicas)
+    (they share the hold bound), counting its requests on ``publisher``. Call it on a running event
+    loop: the app starts following the registry at once."""
+    return GatewayApp(cluster, settings, clock, replicas, publisher=publisher)

@@ -16,7 +16,9 @@ from collections.abc import Awaitable, Callable
 from hive_apps.control.cluster import Cluster, get_cluster
 from hive_apps.core import names
 from hive_apps.core.planning.types import ReplicaPlan
+from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state.records import LISTED, ModelRecord
+from hive_apps.ops.metrics import Publisher
 from hive_apps.serving.routing.liveness import live_plan
 from hive_apps.serving.routing.replica_set import ReplicaSet, default_queue_bound
 
@@ -48,9 +50,10 @@ def model_object(rec: ModelRecord) -> dict:
 class ModelReplicas:
     """One ``ReplicaSet`` per serving model, rebuilt when its live replicas change."""
 
-    def __init__(self, cluster: Cluster | None = None) -> None:
+    def __init__(self, cluster: Cluster | None = None, *, settings: HiveSettings, publisher: Publisher) -> None:
         self._sets: dict[str, tuple[tuple, ReplicaSet]] = {}
         self._cluster = cluster  # None: the process's (``get_cluster``)
+        self._settings, self._publisher = settings, publisher  # for the sets it builds
 
     def keep_only(self, model_ids: set[str]) -> None:
         for gone in set(self._sets) - model_ids:
@@ -64,7 +67,7 @@ class ModelReplicas:
             if known is not None:
                 known[1].close()
             replicas = ReplicaSet.of_app(rec.model_id, live, default_queue_bound(rec.plan, rec.spec.max_queued_requests),
-                                         self._cluster)
+                                         self._cluster, settings=self._settings, publisher=self._publisher)
             replicas.start()
             self._sets[rec.model_id] = (fingerprint, replicas)
         replicas = self._sets[rec.model_id][1]

@@ -98,8 +98,9 @@ def _log_refusal(request_id: str | None, rec: ModelRecord) -> None:
 
 class WakeHold:
     def __init__(self, settings: HiveSettings, ask_wake: Callable[[str], Awaitable[object]] | None = None, entry: str = "router",
-                 clock: Callable[[], float] = time.time, replicas: int = 1):
+                 clock: Callable[[], float] = time.time, replicas: int = 1, *, publisher: metrics.Publisher):
         self.settings = settings
+        self.publisher = publisher  # rejections and held requests
         self.slots = replica_slots(settings.hold_max_per_model, replicas)  # of each model, in this replica
         self.clock = clock  # wall time, as the records' ``wake_failed_at`` has it
         self.entry = entry  # who holds (gateway or router), for hive_held_requests
@@ -124,13 +125,13 @@ class WakeHold:
         ``client``: who sent it (``client_of``), for the per-client share of the slots."""
         slots = self.slots
         if self.held.get(model_id, 0) >= slots:
-            metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="hold_full")
+            self.publisher.count("hive_rejected", model=model_id, code="429", reason="hold_full")
             raise _refusal(429, f"model '{model_id}' is waking and {slots} requests already wait for it here "
                                 f"(HIVE_HOLD_MAX_PER_MODEL={self.settings.hold_max_per_model}, shared by this entry's "
                                 f"replicas); retry after {RETRY_AFTER_S}s")
         mine = (model_id, client) if client is not None else None
         if mine is not None and self.held_by.get(mine, 0) >= client_slots(slots):
-            metrics.publisher().count("hive_rejected", model=model_id, code="429", reason="client_share")
+            self.publisher.count("hive_rejected", model=model_id, code="429", reason="client_share")
             raise _refusal(429, f"model '{model_id}' is waking and {client_slots(slots)} of your requests already wait "
                                 f"for it (one API key holds at most half of the {slots} here, of HIVE_HOLD_MAX_PER_MODEL="
                                 f"{self.settings.hold_max_per_model}); "
@@ -145,7 +146,7 @@ class WakeHold:
         except TimeoutError:
             rec = self.records.get(model_id)
             where = f"; it is {rec.status.value}, and {where_details_are(model_id, request_id)}" if rec else ""
-            metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="hold_timeout")
+            self.publisher.count("hive_rejected", model=model_id, code="503", reason="hold_timeout")
             raise _refusal(503, f"model '{model_id}' did not wake within {self.settings.hold_timeout_s:.0f}s "
                                 f"(HIVE_HOLD_TIMEOUT_S){where}") from None
         finally:
@@ -157,7 +158,7 @@ class WakeHold:
             self._publish_held()
 
     def _publish_held(self) -> None:
-        metrics.publisher().gauges("held:" + self.entry, [
+        self.publisher.gauges("held:" + self.entry, [
             metrics.sample("hive_held_requests", n, model=m, entry=self.entry) for m, n in self.held.items()])
 
     async def _until_serving(self, model_id: str, since: float, request_id: str | None) -> ModelRecord:
@@ -171,7 +172,7 @@ class WakeHold:
                     return rec
                 if rec.status is ModelStatus.SLEEPING:
                     if rec.wake_failed_at is not None and rec.wake_failed_at >= since:
-                        metrics.publisher().count("hive_rejected", model=model_id, code="503", reason="wake_failed")
+                        self.publisher.count("hive_rejected", model=model_id, code="503", reason="wake_failed")
                         _log_refusal(request_id, rec)
                         raise _refusal(503, f"model '{model_id}' could not wake: its engine failed or found no room; "
                                             f"{where_details_are(model_id, request_id)}")

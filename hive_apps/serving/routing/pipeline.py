@@ -39,11 +39,12 @@ if TYPE_CHECKING:
 
 
 class OpenAIEntry:
-    """Subclasses set ``entry``, ``settings``, ``hold`` and ``replicas_of`` and answer ``route``."""
+    """Subclasses set ``entry``, ``settings``, ``publisher``, ``hold`` and ``replicas_of`` and answer ``route``."""
 
     entry: str  # "gateway" | "router": the tag of its requests' metrics
     requires_model: bool = False  # a body without a 'model' field is a 400 before anything else is checked
     settings: HiveSettings
+    publisher: metrics.Publisher  # ``hive_requests``, and what the hold and replica sets count
     hold: WakeHold
     replicas_of: Callable[[ModelRecord], ReplicaSet]
 
@@ -52,7 +53,7 @@ class OpenAIEntry:
         if early is not None:
             return early
         response = await self._pipeline(request)
-        metrics.publisher().count("hive_requests", model=self.model_tag(request), entry=self.entry,
+        self.publisher.count("hive_requests", model=self.model_tag(request), entry=self.entry,
                                   code=str(response.status_code))
         if self.settings.cors_origins:  # answers differ by origin: caches keep them apart
             response.headers.update(cors_headers(self.settings.cors_origins, request))

@@ -28,6 +28,7 @@ from hive_apps.control.cluster import Cluster, get_cluster
 from hive_apps.core import names
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.planning.types import Plan, ReplicaPlan
+from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import Routing
 from hive_apps.ops import metrics
 from hive_apps.serving import request_ids
@@ -60,22 +61,28 @@ def default_queue_bound(plan: Plan, max_queued_requests: int | None) -> int:
 
 class ReplicaSet(LoadPoll):
     def __init__(self, model_id: str, handles: dict[int, DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int,
-                 routing: Routing = Routing.PREFIX, kv_bytes_per_token: int | None = None):
+                 routing: Routing = Routing.PREFIX, kv_bytes_per_token: int | None = None, *,
+                 settings: HiveSettings, publisher: metrics.Publisher):
+        """``settings``: how the engines are reached (HIVE_ENGINE_HTTP, HIVE_ENGINE_READ_TIMEOUT_S);
+        ``publisher``: where its rejections, retries and failovers are counted."""
         super().__init__({rp.index: ReplicaView.of_plan(rp) for rp in replicas})
+        self.publisher = publisher
         self.model_id = model_id
         self.routing = routing  # the model's record may change it (follow.py ModelReplicas.of)
         self.prefixes = PrefixIndex({rp.index: cache_blocks(rp, kv_bytes_per_token) for rp in replicas})
         self.queue_bound = queue_bound
         self.handles = handles
         self.devices = {rp.index: list(rp.devices) for rp in replicas}
-        self.transport = make_transport(handles)
+        self.transport = make_transport(handles, settings)
 
     @classmethod
-    def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None) -> ReplicaSet:
+    def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None, *,
+               settings: HiveSettings, publisher: metrics.Publisher) -> ReplicaSet:
         """Handles to the engines of a running model app, found by name."""
         cluster = cluster or get_cluster()
         handles = {rp.index: cluster.engine_handle(model_id, rp.index) for rp in plan.replicas}
-        return cls(model_id, handles, plan.replicas, queue_bound, kv_bytes_per_token=plan.profile.kv_bytes_per_token)
+        return cls(model_id, handles, plan.replicas, queue_bound, kv_bytes_per_token=plan.profile.kv_bytes_per_token,
+                   settings=settings, publisher=publisher)
 
     @property
     def endpoints(self) -> dict[int, EngineEndpoint | None]:
@@ -102,20 +109,20 @@ class ReplicaSet(LoadPoll):
     def _busy(self) -> Reply | None:
         if not queue_full(self.replica_views(), self.queue_bound):
             return None
-        metrics.publisher().count("hive_rejected", model=self.model_id, code="429", reason="queue_full")
+        self.publisher.count("hive_rejected", model=self.model_id, code="429", reason="queue_full")
         start = ResponseStart(status=429, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))])
         return start, bytes(openai_error(429, f"model '{self.model_id}' is at capacity and {self.queue_bound} requests "
                                               f"are already queued; retry after {RETRY_AFTER_S}s").body)
 
     def _unavailable(self, last_error: Exception | None) -> Reply:
-        metrics.publisher().count("hive_rejected", model=self.model_id, code="503", reason="no_replica")
+        self.publisher.count("hive_rejected", model=self.model_id, code="503", reason="no_replica")
         msg = f"no replica of model '{self.model_id}' could take the request"
         if last_error is not None:
             msg += f" (last error: {type(last_error).__name__})"
         return ResponseStart(status=503, headers=[JSON, ("retry-after", str(RETRY_AFTER_S))]), bytes(openai_error(503, msg).body)
 
     def _hung(self, e: EngineHung) -> Reply:
-        metrics.publisher().count("hive_rejected", model=self.model_id, code="504", reason="engine_hung")
+        self.publisher.count("hive_rejected", model=self.model_id, code="504", reason="engine_hung")
         return ResponseStart(status=504, headers=[JSON]), bytes(openai_error(504, f"model '{self.model_id}': {e}").body)
 
     def _failed(self, view: ReplicaView, e: Exception, req: ForwardedRequest) -> None:
@@ -123,16 +130,16 @@ class ReplicaSet(LoadPoll):
         self.transport.failed(view.index, e)
         log.warning("%s replica r%d failed before answering request %s: %s", self.model_id, view.index,
                     request_ids.of_headers(req.headers), e)
-        metrics.publisher().count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
+        self.publisher.count("hive_replica_failures", model=self.model_id, replica=names.replica_label(view.index))
 
     def _attempted(self, attempt: int) -> None:
         """Attempt ``attempt`` (0 the first) is being made; from the second on it is a retry."""
         if attempt:
-            metrics.publisher().count("hive_retries", model=self.model_id)
+            self.publisher.count("hive_retries", model=self.model_id)
 
     def _answered(self, attempt: int) -> None:
         if attempt:
-            metrics.publisher().count("hive_failovers", model=self.model_id)
+            self.publisher.count("hive_failovers", model=self.model_id)
 
     async def call(self, req: ForwardedRequest, body: dict[str, Any] | None) -> Reply:
         """A non-streaming request: split over replicas when it carries many sequences, else one call.

@@ -42,18 +42,21 @@ class Router(OpenAIEntry):
     entry = "router"
 
     def __init__(self, model_id: str, engines: list[DeploymentHandle], replicas: list[ReplicaPlan], queue_bound: int):
+        """A composition root (Serve builds it): the settings and the metrics publisher are made here."""
         self.settings = get_settings()
+        self.publisher = metrics.Publisher()
         self.model_id = model_id
         self.record: ModelRecord | None = None  # the model's record, in whatever state
-        self._sets = ModelReplicas()
+        self._sets = ModelReplicas(settings=self.settings, publisher=self.publisher)
         self.replicas: ReplicaSet | None = None
         if replicas:  # a parked model's app has its router only
-            first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound)
+            first = ReplicaSet(model_id, {rp.index: h for rp, h in zip(replicas, engines)}, replicas, queue_bound,
+                               settings=self.settings, publisher=self.publisher)
             first.on_refresh = self._publish_load
             first.start()
             self.replicas = first
             self._sets.adopt(model_id, replicas, first)
-        self.hold = WakeHold(self.settings)
+        self.hold = WakeHold(self.settings, publisher=self.publisher)
         self.replicas_of = self._sets.of
         self._first_view = asyncio.Event()  # the registry's first answer came
         self._newer = NewModelLookup()
@@ -88,7 +91,7 @@ class Router(OpenAIEntry):
         """Per-replica gauges after each load poll; a replica gone (or the model asleep) goes to 0."""
         samples = [] if replicas is None else metrics.replica_samples(
             self.model_id, replicas.replica_views(), replicas.loads, replicas.devices)
-        metrics.publisher().gauges("replicas", samples)
+        self.publisher.gauges("replicas", samples)
 
     async def __call__(self, request: Request) -> Response:
         """HTTP entry at /<model_id>/...: the path below the prefix goes to the engine as is."""

@@ -5,7 +5,7 @@
 (``serving/engine/http_server.py``: about 0.5 ms, against about 8 ms for a Serve handle call), a port it
 learns over Serve; a replica whose port it does not know yet is called over Serve meanwhile.
 ``ServeTransport``: Serve handle calls only (unary when not streaming). ``make_transport`` picks
-one from ``HIVE_ENGINE_HTTP``.
+one from the settings it is given (``HIVE_ENGINE_HTTP``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from ray.serve.handle import DeploymentHandle
 
-from hive_apps.core.settings import get_settings
+from hive_apps.core.settings import HiveSettings
 from hive_apps.serving.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, TOKEN_HEADER, EngineEndpoint
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 
@@ -90,11 +90,12 @@ class ServeTransport(EngineTransport):
 
 
 class HttpTransport(EngineTransport):
-    def __init__(self, serve: ServeTransport):
+    def __init__(self, serve: ServeTransport, read_timeout_s: float):
+        """``read_timeout_s``: HIVE_ENGINE_READ_TIMEOUT_S, the longest an engine may send nothing."""
         self.serve = serve  # learns each replica's port, and answers for one whose port is not known
         self.endpoints: dict[int, EngineEndpoint | None] = {i: None for i in serve.handles}
         self._http: aiohttp.ClientSession | None = None
-        self._read_timeout_s = 0.0  # the connections' idle limit, set with them
+        self._read_timeout_s = read_timeout_s  # the connections' idle limit
         self._in_flight = 0  # requests on the connections now
 
     async def load(self, i: int) -> EngineLoad:
@@ -148,7 +149,6 @@ class HttpTransport(EngineTransport):
         if self._http is None:
             # no total deadline (answers stream for as long as they take), but a hung engine that
             # sends nothing for HIVE_ENGINE_READ_TIMEOUT_S fails the request instead of holding it
-            self._read_timeout_s = get_settings().engine_read_timeout_s
             idle_limit = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=self._read_timeout_s)
             self._http = aiohttp.ClientSession(timeout=idle_limit, connector=aiohttp.TCPConnector(limit=0),
                                                auto_decompress=False)
@@ -185,7 +185,7 @@ class HttpTransport(EngineTransport):
         task = asyncio.ensure_future(work)
         try:
             while True:
-                idle_s = get_settings().engine_read_timeout_s
+                idle_s = self._read_timeout_s
                 done, _ = await asyncio.wait({task}, timeout=idle_s)
                 if done:
                     return task.result()
@@ -196,17 +196,17 @@ class HttpTransport(EngineTransport):
                             continue
                 except (TimeoutError, aiohttp.ClientError):
                     pass
-                raise EngineHung(f"the engine sent nothing for {get_settings().engine_read_timeout_s:.0f}s "
+                raise EngineHung(f"the engine sent nothing for {idle_s:.0f}s "
                                  "(HIVE_ENGINE_READ_TIMEOUT_S) and does not answer its load probe")
         finally:
             if not task.done():
                 task.cancel()
 
 
-def make_transport(handles: Mapping[int, DeploymentHandle]) -> EngineTransport:
+def make_transport(handles: Mapping[int, DeploymentHandle], settings: HiveSettings) -> EngineTransport:
     """The one place the way to the engines is chosen: their own ports unless HIVE_ENGINE_HTTP=0."""
     serve = ServeTransport(handles)
-    return HttpTransport(serve) if get_settings().engine_http else serve
+    return HttpTransport(serve, settings.engine_read_timeout_s) if settings.engine_http else serve
 
 
 def _checked(resp: aiohttp.ClientResponse) -> aiohttp.ClientResponse:

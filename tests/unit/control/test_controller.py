@@ -17,12 +17,12 @@ from hive_apps.control.admin.reconciler import POLL_S, Reconciler
 from hive_apps.control.cluster import AppState, set_cluster
 from hive_apps.control.registry.deployment import Registry
 from hive_apps.core import names
-from hive_apps.core.settings import HiveSettings, get_settings
+from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.records import ModelRecord, ModelStatus, Reservation, ReservationState, load_stored
 from tests.unit.fake_cluster import FakeCluster
-from tests.unit.helpers import ManualClock
+from tests.unit.helpers import ManualClock, recorded_publisher
 
 MODEL = str(Path(__file__).resolve().parents[2] / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")
 SETTINGS = HiveSettings(auth_disabled=True, deploy_timeout_s=30, heal_backoff_max_s=60)
@@ -34,6 +34,7 @@ class Hive:
     def __init__(self, cluster: FakeCluster):
         self.cluster = cluster
         self.clock = ManualClock()  # the registry's, the reconciler's and the lifecycle's wall time
+        self.publisher = recorded_publisher()  # the registry's metrics (a test may pass its own backend)
         set_cluster(cluster)
         self.reconciler = self.new_reconciler()
 
@@ -42,10 +43,10 @@ class Hive:
         return Reconciler(self.cluster, SETTINGS, Lifecycle(self.cluster, SETTINGS, self.clock),
                           apply_grace_s=apply_grace_s, clock=self.clock)
 
-    async def start_registry(self) -> Registry:
+    async def start_registry(self, settings: HiveSettings = SETTINGS) -> Registry:
         """A registry replica: a new one reads everything back from the KV."""
         reg = Registry.__new__(Registry)
-        await reg.__init__(SETTINGS, clock=self.clock)
+        await reg.__init__(settings, clock=self.clock, publisher=self.publisher)
         reg._loop_task.cancel()  # the tests sample when they mean to
         self.cluster.serve(names.REGISTRY_APP, reg)
         self.registry = reg
@@ -431,7 +432,7 @@ async def test_removing_an_app_waits_until_serve_no_longer_lists_it(hive, monkey
     assert draining == [0] and hive.cluster.deleted == ["m"]
 
 
-async def test_a_record_todays_policy_refuses_keeps_running_with_a_warning(hive, monkeypatch, tmp_path, caplog):
+async def test_a_record_todays_policy_refuses_keeps_running_with_a_warning(hive, tmp_path, caplog):
     """A narrowed setting (here HIVE_MODEL_ROOT) or a stricter ModelSpec after an upgrade (here a spec
     field it no longer knows) never deletes a running model: its record is read back as it was
     deployed, and its status and the log say why today's policy would refuse it."""
@@ -444,14 +445,9 @@ async def test_a_record_todays_policy_refuses_keeps_running_with_a_warning(hive,
     stored["spec"]["a_field_from_before"] = True
     hive.cluster.kv[(ns, "model/old")] = json.dumps(stored).encode()
     booked = {**hive.reserved("m"), **hive.reserved("old")}
-    monkeypatch.setenv("HIVE_MODEL_ROOT", str(tmp_path))  # the deployed folder is outside the root now
-    get_settings.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="ray.serve"):
-            await hive.start_registry()
-    finally:  # the rest of the suite runs without the root
-        monkeypatch.delenv("HIVE_MODEL_ROOT")
-        get_settings.cache_clear()
+    narrowed = SETTINGS.model_copy(update={"model_root": tmp_path})  # the deployed folder is outside the root now
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        await hive.start_registry(narrowed)
     await hive.sample()
     m, old = await hive.registry.get_model("m"), await hive.registry.get_model("old")
     assert m.status is old.status is ModelStatus.READY and m.spec.model == MODEL

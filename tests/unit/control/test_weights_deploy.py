@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from hive_apps.control.admin.weights import NodeCaches
-from hive_apps.core.settings import get_settings
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.records import ModelStatus
 from hive_apps.core.weights.types import CacheDisk, FetchState, SourceKind, WeightSource
@@ -33,13 +32,10 @@ def repo_files(seed: int) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def hub(fake_hub, monkeypatch, tmp_path):
-    """The repo at a fresh name per test; the planner's metadata cache in this test's folder."""
+def hub(fake_hub, monkeypatch):
+    """The repo at a fresh name per test (the planner's metadata cache is the fake cluster's own)."""
     monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
-    monkeypatch.setenv("HIVE_WEIGHTS_CACHE", str(tmp_path / "planner"))
-    get_settings.cache_clear()
     yield fake_hub
-    get_settings.cache_clear()
 
 
 async def settle(hive, model_id: str, timeout_s: float = 30):  # noqa: F811
@@ -57,10 +53,11 @@ def files_under(root: Path) -> set[str]:
     return {p.name for p in root.rglob("*.safetensors") if p.is_file()}
 
 
-async def test_each_node_fetches_into_its_own_cache_before_the_app_is_built(hive, hub):  # noqa: F811
+async def test_each_node_fetches_into_its_own_cache_before_the_app_is_built(hive, hub, tmp_path):  # noqa: F811
     repo = f"{REPO}-{uuid.uuid4().hex[:8]}"
     sha = hub.add_repo(repo, repo_files(1))
-    hive.cluster.weights_root = Path(get_settings().weights_cache).parent / "nodes"
+    hive.cluster.planner_cache = tmp_path / "planner"
+    hive.cluster.weights_root = hive.cluster.planner_cache.parent / "nodes"
     rec = await hive.deploy("m", model=repo, gpu=["node-a:gpu0", "node-b:gpu0"], replicas=2)
     assert rec.plan.weights.revision == sha and rec.plan.weights.weight_bytes == 2 * SHARD
     assert rec.plan.weights.key.endswith(sha)
@@ -73,7 +70,7 @@ async def test_each_node_fetches_into_its_own_cache_before_the_app_is_built(hive
     for root in caches.values():
         assert files_under(root) == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
         assert (root / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / sha).is_dir()
-    assert not files_under(get_settings().weights_cache)  # the planner's node: metadata only
+    assert not files_under(hive.cluster.planner_cache)  # the planner's node: metadata only
     assert "m" not in hive.reconciler.fetching
 
 

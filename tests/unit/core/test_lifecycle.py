@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ from hive_apps.serving.engine.protocol import EngineLoad
 from hive_apps.serving.routing.hold import HoldRefused, WakeHold
 from tests.unit.control.test_controller import Hive
 from tests.unit.fake_cluster import FakeCluster, FakeSleep
+from tests.unit.helpers import recorded_publisher
 
 BIG = {"vllm_kwargs": {"kv_cache_memory_bytes": 14 * 2**30}}  # one such model fills an L4 (24 GB)
 LIFE = HiveSettings(auth_disabled=True, deploy_timeout_s=30, min_residency_s=0, drain_grace_s=0.2,
@@ -82,11 +82,12 @@ def test_idle_clock_counts_from_the_later_of_last_request_and_ready():
 
 
 # --- the admin's loops on the in-memory cluster ------------------------------------------
-async def life_on(gpus: str) -> Hive:
-    """A registry, lifecycle loop and reconciler on one node with these simulated GPUs."""
-    h = Hive(FakeCluster({"node-a": gpus}))
-    h.lifecycle = Lifecycle(h.cluster, LIFE)
-    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
+async def life_on(gpus: str, **more_nodes: str) -> Hive:
+    """A registry, lifecycle loop and reconciler on one node with these simulated GPUs (and other
+    nodes with theirs), all on the hive's manual clock."""
+    h = Hive(FakeCluster({"node-a": gpus, **{name.replace("_", "-"): g for name, g in more_nodes.items()}}))
+    h.lifecycle = Lifecycle(h.cluster, LIFE, h.clock)
+    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0, clock=h.clock)
     await h.start_registry()
     await h.sample()
     return h
@@ -99,14 +100,16 @@ async def life():
 
 
 def idle_for(hive: Hive, model_id: str, seconds: float, in_flight: int = 0) -> None:
-    hive.cluster.loads[model_id] = EngineLoad(last_request_at=time.time() - seconds, in_flight=in_flight, requests_total=3)
+    """The model's engines report their last request ``seconds`` ago (by the hive's clock)."""
+    hive.cluster.loads[model_id] = EngineLoad(last_request_at=hive.clock() - seconds, in_flight=in_flight,
+                                              requests_total=3)
 
 
 async def ready(hive: Hive, model_id: str, **spec):
     await hive.deploy(model_id, **spec)
     rec = await hive.settle(model_id)
     assert rec.status is ModelStatus.READY, rec.message
-    hive.registry.book.records[model_id].ready_at = time.time() - 3600  # long resident
+    hive.clock.advance(3600)  # long resident
     return rec
 
 
@@ -300,10 +303,14 @@ async def test_no_room_names_the_models_that_hold_it(life):
 
 async def test_minimum_residency_defers_the_eviction(life):
     life.lifecycle.settings = LIFE.model_copy(update={"min_residency_s": 60})
-    await ready(life, "a", sleep_timeout=600, **BIG)
-    life.registry.book.records["a"].woke_at = time.time() - 10  # woke 10 s ago
+    rec = await ready(life, "a", sleep_timeout=600, **BIG)
+    assert (await life.registry.transition(t.Sleep(model_id="a", version=rec.version, reason="idle"))).ok
+    assert (await life.settle("a")).status is ModelStatus.SLEEPING
+    assert (await life.registry.transition(t.Wake(model_id="a"))).ok
+    assert (await life.settle("a")).woke_at == life.clock()
+    life.clock.advance(10)  # woke 10 s ago
     room = await life.lifecycle.make_room((await life.registry.get_model("a")).spec.model_copy(update={"model_id": "b"}))
-    assert room.plan is None and not room.evicting and room.retry_at == pytest.approx(time.time() + 50, abs=2)
+    assert room.plan is None and not room.evicting and room.retry_at == pytest.approx(life.clock() + 50, abs=2)
     assert (await life.registry.get_model("a")).status is ModelStatus.READY
 
 
@@ -335,7 +342,7 @@ async def test_a_parked_model_is_destroyed_after_its_idle_timeout(life):
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
     await life.settle("m")
-    life.registry.book.records["m"].last_request_at = time.time() - 61
+    life.clock.advance(55)  # its engines' last request: 61 s ago
     assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]
     assert (await life.settle("m")).status is ModelStatus.DESTROYED
 
@@ -352,7 +359,7 @@ async def test_held_requests_wait_for_the_wake_and_are_bounded(life):
         asked.append(model_id)
         await life.registry.transition(t.Wake(model_id=model_id))
 
-    hold = WakeHold(LIFE, ask_wake)
+    hold = WakeHold(LIFE, ask_wake, publisher=recorded_publisher())
     await hold.update({"m": await life.registry.get_model("m")})
     waiters = [asyncio.create_task(hold.wait("m")) for _ in range(2)]
     await asyncio.sleep(0.05)
@@ -371,7 +378,8 @@ async def test_held_requests_get_503_with_the_reason_when_the_wake_fails(life):
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
     await life.settle("m")
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock)
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock,
+                    publisher=recorded_publisher())
     await hold.update({"m": await life.registry.get_model("m")})
     waiter = asyncio.create_task(hold.wait("m"))
     await asyncio.sleep(0.05)
@@ -394,7 +402,7 @@ async def test_a_hold_times_out_with_503_and_a_destroyed_model_answers_404(life)
     async def no_wake(model_id):
         return None
 
-    hold = WakeHold(settings, no_wake)
+    hold = WakeHold(settings, no_wake, publisher=recorded_publisher())
     await hold.update({"m": await life.registry.get_model("m")})
     with pytest.raises(HoldRefused) as late:
         await hold.wait("m")
@@ -440,8 +448,8 @@ def test_replica_bounds_are_validated():
 @pytest.fixture
 async def pair():
     h = Hive(FakeCluster({"node-a": "H100-80GB.H100-80GB"}))
-    h.lifecycle = Lifecycle(h.cluster, LIFE.model_copy(update={"scale_window_s": 0}))
-    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0)
+    h.lifecycle = Lifecycle(h.cluster, LIFE.model_copy(update={"scale_window_s": 0}), h.clock)
+    h.reconciler = Reconciler(h.cluster, LIFE, h.lifecycle, apply_grace_s=0, clock=h.clock)
     await h.start_registry()
     await h.sample()
     yield h
@@ -451,7 +459,7 @@ async def pair():
 def busy(hive: Hive, model_id: str, share: float) -> None:
     rec = hive.registry.book.records[model_id]
     seqs = rec.plan.replicas[0].settings.max_num_seqs
-    hive.cluster.loads[model_id] = EngineLoad(running=int(seqs * share), max_num_seqs=seqs, last_request_at=time.time())
+    hive.cluster.loads[model_id] = EngineLoad(running=int(seqs * share), max_num_seqs=seqs, last_request_at=hive.clock())
 
 
 async def test_load_adds_a_replica_and_removes_it_when_load_goes(pair):

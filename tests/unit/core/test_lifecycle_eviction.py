@@ -33,8 +33,27 @@ def test_a_model_healing_or_scaling_is_no_candidate():
     assert refused[0].model_id == "healing" and "healing" in refused[0].reason
 
 
-async def test_a_healing_model_is_passed_over_for_one_that_can_sleep(two_cards):
-    two_cards.registry.book.records["a"].status = ModelStatus.HEALING
+@pytest.fixture
+async def a_heals():
+    """``a`` and ``c`` fill an L4 each on two nodes; ``a``'s node dies and its replacement is starting on
+    a third node's L4, the last free card: ``a`` heals, and a newcomer finds no room without evicting."""
+    h = await life_on("L4", node_b="L4")
+    await ready(h, "a", sleep_timeout=600, **BIG)
+    await ready(h, "c", sleep_timeout=600, **BIG)
+    lost = (await h.registry.get_model("a")).plan.replicas[0].node_name
+    assert lost != (await h.registry.get_model("c")).plan.replicas[0].node_name
+    h.cluster.add_node("node-c", "L4")
+    h.cluster.kill_node(lost)
+    await h.sample()
+    assert (await h.registry.get_model("a")).status is ModelStatus.DEGRADED
+    await h.step("a")  # the reconciler places the replacement
+    assert (await h.registry.get_model("a")).status is ModelStatus.HEALING
+    yield h
+    set_cluster(None)
+
+
+async def test_a_healing_model_is_passed_over_for_one_that_can_sleep(a_heals):
+    two_cards = a_heals
     room = await two_cards.lifecycle.make_room(await newcomer(two_cards))
     assert room.evicting == ["c"] == room.waiting_for
     assert (await two_cards.registry.get_model("a")).status is ModelStatus.HEALING

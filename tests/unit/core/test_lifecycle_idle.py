@@ -4,7 +4,6 @@ asking for while it cannot wake is not destroyed under them."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from hive_apps.core.state import transitions as t
 from hive_apps.core.state.records import ModelStatus
 from hive_apps.serving.routing.hold import HoldRefused, WakeHold
 from tests.unit.core.test_lifecycle import LIFE, idle_for, life_on, ready
+from tests.unit.helpers import recorded_publisher
 
 
 @pytest.fixture
@@ -33,9 +33,10 @@ async def test_a_model_held_for_while_it_cannot_wake_is_not_destroyed(life):
     idle_for(life, "m", 6)
     await life.lifecycle.tick(await life.registry.list_models())
     assert (await life.settle("m")).status is ModelStatus.SLEEPING
-    life.registry.book.records["m"].last_request_at = time.time() - 61  # its engines' last request: long ago
+    life.clock.advance(55)  # its engines' last request: 61 s ago, past its idle_timeout
 
-    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock)
+    hold = WakeHold(LIFE, lambda model_id: life.registry.transition(t.Wake(model_id=model_id)), clock=life.clock,
+                    publisher=recorded_publisher())
     await hold.update({"m": await life.registry.get_model("m")})
     held = asyncio.create_task(hold.wait("m"))  # a client asks for it now: the hold asks for a wake
     await asyncio.sleep(0.05)
@@ -48,5 +49,5 @@ async def test_a_model_held_for_while_it_cannot_wake_is_not_destroyed(life):
 
     assert await life.lifecycle.tick(await life.registry.list_models()) == []
     assert (await life.registry.get_model("m")).status is ModelStatus.SLEEPING
-    life.registry.book.records["m"].wake_requested_at = time.time() - 61  # nobody asked since
+    life.clock.advance(61)  # nobody asked since
     assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]

@@ -22,6 +22,7 @@ from hive_apps.core.state.records import (
     ModelRecord,
     ModelState,
     ModelStatus,
+    Origin,
     ReplicaChange,
     Reservation,
     Residency,
@@ -360,6 +361,7 @@ STEPS = {
     "scale_failed": lambda w: w.book.scale_failed("m", w.v, "no"),
     "retire": lambda w: w.book.retire("m", w.v, 1),
     "retired": lambda w: w.book.retired("m", w.v),
+    "respec": lambda w: w.book.respec("m", w.v, w.rec.spec.model_copy(update={"priority": 5}), Origin.DECLARED),
     **{f"node {n} dies": (lambda w, n=n: w.lose(n)) for n in ("a", "b", "c")},
 }
 

@@ -90,7 +90,7 @@ def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):
     import pytest
     from pydantic import ValidationError
 
-    from hive_apps.core.settings import get_settings
+    from hive_apps.core.settings import HiveSettings
     from hive_apps.core.spec import ModelSpec
 
     root = tmp_path / "models"
@@ -98,17 +98,18 @@ def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (root / "link").symlink_to(tmp_path / "elsewhere")
     monkeypatch.setenv("HIVE_MODEL_ROOT", str(root))
-    get_settings.cache_clear()
-    try:
-        assert ModelSpec(model_id="m", model=str(root / "tiny")).model == str(root / "tiny")
-        assert ModelSpec(model_id="m", model="Qwen/Qwen3-0.6B").model == "Qwen/Qwen3-0.6B"  # a cached HF name
-        messages = []
-        for bad in ("/etc", str(root / "link"), "/no/such/folder"):
-            with pytest.raises(ValidationError) as e:
-                ModelSpec(model_id="m", model=bad)
-            messages.append(str(e.value).split("model\n")[1].split("[")[0].replace(bad, "<path>"))
-        assert len(set(messages)) == 1 and "HIVE_MODEL_ROOT" in messages[0]  # the same, existing or not
-        with pytest.raises(ValidationError, match="'..'"):
-            ModelSpec(model_id="m", model="org/../../etc")
-    finally:
-        get_settings.cache_clear()
+    policy = HiveSettings()  # HIVE_MODEL_ROOT read from the environment, as a root reads it
+
+    def spec(model: str) -> ModelSpec:  # a deploy body, as the admin validates it
+        return ModelSpec.under_policy({"model_id": "m", "model": model}, policy)
+
+    assert spec(str(root / "tiny")).model == str(root / "tiny")
+    assert spec("Qwen/Qwen3-0.6B").model == "Qwen/Qwen3-0.6B"  # a cached HF name
+    messages = []
+    for bad in ("/etc", str(root / "link"), "/no/such/folder"):
+        with pytest.raises(ValidationError) as e:
+            spec(bad)
+        messages.append(str(e.value).split("model\n")[1].split("[")[0].replace(bad, "<path>"))
+    assert len(set(messages)) == 1 and "HIVE_MODEL_ROOT" in messages[0]  # the same, existing or not
+    with pytest.raises(ValidationError, match="'..'"):
+        spec("org/../../etc")

@@ -35,7 +35,7 @@ from hive_apps.core.planning.types import (
     ProfileSummary,
     ReplicaPlan,
 )
-from hive_apps.core.spec import ModelSpec
+from hive_apps.core.spec import ModelSpec, Routing
 from hive_apps.core.state.book import Change, ModelBook, TransitionError
 from hive_apps.core.state.ledger import Ledger
 from hive_apps.core.state.records import (
@@ -45,6 +45,7 @@ from hive_apps.core.state.records import (
     STARTING,
     ModelRecord,
     ModelStatus,
+    Origin,
     Reservation,
     SleepMode,
     dump_stored,
@@ -75,6 +76,7 @@ STARTS = {
     "wake": (S.SLEEPING,), "placed": (S.WAKING,), "wake_failed": (S.WAKING,),
     "destroy": (S.READY, S.DEGRADED, S.SLEEPING), "scale_up": (S.READY,), "scale_failed": (S.SCALING,),
     "retire": (S.READY,), "retired": (S.READY, S.DEGRADED),
+    "respec": tuple(s for s in S if s not in ENDED and s is not S.DELETING),
 }
 
 
@@ -318,6 +320,17 @@ class Transitions(RuleBasedStateMachine):
         stale = data.draw(stale_st)
         self._do(lambda: self.book.retired(model_id, self._version(model_id, stale)), stale)
 
+    def t_respec(self, model_id, data):
+        """Settings that change in place, now and then one that needs new engines (refused)."""
+        stale, rec = data.draw(stale_st), self.book.records.get(model_id)
+        spec = rec.spec if rec else ModelSpec(model_id=model_id, model="/x", engine="sim")
+        update = {"priority": data.draw(st.integers(-5, 5))} if spec.sleep_timeout else {"routing": Routing.LEAST_LOADED}
+        if data.draw(rarely_st):
+            update["max_input_prompt_length"] = spec.max_input_prompt_length + 1
+        origin = data.draw(st.sampled_from(list(Origin)))
+        self._do(lambda: self.book.respec(model_id, self._version(model_id, stale), spec.model_copy(update=update),
+                                          origin), stale)
+
     def _run(self, name: str, data) -> None:
         """A transition, mostly on a model whose status it may start from (else it must be refused)."""
         fits = [m for m in MODELS if (self.book.records[m].status in STARTS[name] if m in self.book.records
@@ -454,6 +467,10 @@ class Transitions(RuleBasedStateMachine):
     @rule(data=st.data())
     def retired(self, data):
         self._run("retired", data)
+
+    @rule(data=st.data())
+    def respec(self, data):
+        self._run("respec", data)
 
     # --- what the registry does itself ------------------------------------------------------------
     def _registry_sample(self) -> None:

@@ -55,8 +55,9 @@ def test_operators_widen_the_list_and_allow_remote_code_and_hooks():
 
 def test_the_deploy_body_is_refused_with_422_material(monkeypatch):
     with pytest.raises(ValidationError, match="refused: it runs the model repository"):
-        ModelSpec(model_id="m", model="x", vllm_kwargs={"trust_remote_code": True})
-    ModelSpec(model_id="m", model="x", engine="sim", vllm_kwargs={"sim_tokens_per_s": 100})
+        ModelSpec.under_policy({"model_id": "m", "model": "x", "vllm_kwargs": {"trust_remote_code": True}}, DEFAULT)
+    ModelSpec.under_policy({"model_id": "m", "model": "x", "engine": "sim", "vllm_kwargs": {"sim_tokens_per_s": 100}},
+                           DEFAULT)
 
 
 @pytest.mark.parametrize("kwargs, name", [

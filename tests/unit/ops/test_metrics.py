@@ -11,43 +11,23 @@ from pathlib import Path
 import pytest
 
 from hive_apps.core.state.ledger import Ledger
-from hive_apps.core.state.records import ReservationState
 from hive_apps.core.state.transitions import Delete, Sleep, Wake
 from hive_apps.ops import metrics
 from hive_apps.serving.engine.base import WARM_UP_TOKENS
 from hive_apps.serving.engine.protocol import ForwardedRequest
+from hive_apps.serving.engine.sim_engine import SimEngine
 from tests.unit.control.test_controller import hive  # noqa: F401  (the registry + reconciler on a fake cluster)
 from tests.unit.core.test_ledger import GIB, gpu, res
+from tests.unit.helpers import Recorder, recorded_publisher, replica_plan, routing
 from tests.unit.serving.test_engine_http import CHAT, FakeHandle, engine
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "manifests" / "grafana-dashboard.json"
 
 
-class Recorder:
-    """Stands in for Ray's metric objects: the last value of each gauge series, every event."""
-
-    def __init__(self):
-        self.values: dict[tuple[str, tuple], float] = {}
-        self.events: list[tuple[str, dict, float]] = []
-
-    def record(self, metric, tags, value):
-        if metrics.DEFS[metric].kind == "gauge":
-            self.values[(metric, tags)] = value
-        else:
-            self.events.append((metric, dict(tags), value))
-
-    def gauge(self, metric, **tags) -> float | None:
-        return self.values.get((metric, tuple(sorted(tags.items()))))
-
-    def total(self, metric, **tags) -> float:
-        return sum(v for m, t, v in self.events if m == metric and all(t.get(k) == w for k, w in tags.items()))
-
-
 @pytest.fixture
-def recorded(monkeypatch) -> Recorder:
-    rec = Recorder()
-    monkeypatch.setattr(metrics, "_publisher", metrics.Publisher(backend=rec))
-    return rec
+def recorded() -> Recorder:
+    """Stands in for Ray's metric objects; a test passes ``recorded_publisher(recorded)`` to what it builds."""
+    return Recorder()
 
 
 def memory(rec: Recorder, device: str, kind: str, node: str = "a") -> float | None:
@@ -58,7 +38,7 @@ def test_device_memory_kinds():
     led = Ledger(budget_fraction=0.9)
     led.update_node("id-a", [gpu("a", 0), gpu("a", 1)])
     led.reserve([res("m", ["a:gpu0"], 20), res("n", ["a:gpu0"], 5, replica=1)])
-    led.reservations["m/r0"].state = ReservationState.ACTIVE  # n/r1 still starting: it explains no use yet
+    led.activate("m")  # its engine came up; n/r1 still starting: it explains no use yet
     led.update_node("id-a", [gpu("a", 0, used=30 * GIB), gpu("a", 1)])
     states = led.states()
     states[0].dormant_bytes = 7 * GIB  # a sleeping model's last plan put a replica here
@@ -70,7 +50,7 @@ def test_device_memory_kinds():
 
 
 def test_a_series_whose_subject_went_away_goes_to_zero(recorded):
-    p = metrics.publisher()
+    p = recorded_publisher(recorded)
     p.gauges("models", [metrics.sample("hive_model_replicas", 2, model="a"),
                         metrics.sample("hive_model_replicas", 1, model="b")])
     p.gauges("models", [metrics.sample("hive_model_replicas", 3, model="a")])
@@ -81,6 +61,9 @@ def test_a_series_whose_subject_went_away_goes_to_zero(recorded):
 
 
 async def test_the_registry_publishes_devices_models_and_lifecycle(hive, recorded):  # noqa: F811
+    hive.publisher = recorded_publisher(recorded)
+    await hive.start_registry()  # a registry replica that publishes there (it reads the empty KV back)
+    await hive.sample()
     await hive.deploy("m", gpu="node-a:gpu0", sleep_timeout=600)
     await hive.sample()
     reserved = hive.reserved("m")["m/r0"].bytes_per_device
@@ -127,7 +110,8 @@ async def test_retries_failovers_and_replica_gauges_from_a_replica_set(recorded)
     from hive_apps.serving.routing.replica_set import ReplicaSet
 
     engines = [await engine(i, max_num_seqs=4, sim_tokens_per_s=2000) for i in range(2)]
-    rs = ReplicaSet("sim-model", {i: FakeHandle(e) for i, e in enumerate(engines)}, [e.replica for e in engines], 8)
+    rs = ReplicaSet("sim-model", {i: FakeHandle(e) for i, e in enumerate(engines)}, [e.replica for e in engines], 8,
+                    **routing(publisher=recorded_publisher(recorded)))
     published = []
     rs.on_refresh = lambda s: published.append(metrics.replica_samples("sim-model", s.replica_views(), s.loads, s.devices))
     rs.start()
@@ -183,7 +167,9 @@ def test_the_dashboard_is_well_formed():
 
 
 async def test_engines_count_their_tokens_in_and_out(recorded):
-    e = await engine(sim_tokens_per_s=5000)
+    e = SimEngine.__new__(SimEngine)  # the engine replica's root, given the publisher instead of making its own
+    await e.__init__("sim-model", "", replica_plan(sim_tokens_per_s=5000), use_start_lock=False,
+                     publisher=recorded_publisher(recorded))
     status, body = await e.call_json("/v1/chat/completions", {**CHAT, "max_tokens": 5})
     assert status == 200
     e.load()  # a load poll sends what was counted since the last send

@@ -9,7 +9,7 @@ from hive_apps.serving.engine.http_server import TOKEN_HEADER
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.engine.sim_engine import SimEngine
 from hive_apps.serving.routing.replica_set import ReplicaSet
-from tests.unit.helpers import replica_plan
+from tests.unit.helpers import replica_plan, routing
 
 CHAT = {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -63,7 +63,7 @@ async def test_engine_port_answers_only_with_the_replica_token():
 async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
     engines = [await engine(i, max_num_seqs=4, sim_tokens_per_s=20) for i in range(2)]
     handles = {i: FakeHandle(e) for i, e in enumerate(engines)}
-    rs = ReplicaSet("sim-model", handles, [e.replica for e in engines], queue_bound=8)
+    rs = ReplicaSet("sim-model", handles, [e.replica for e in engines], queue_bound=8, **routing())
     rs.start()
     for _ in range(100):
         if all(rs.endpoints.values()):
@@ -98,7 +98,7 @@ async def test_replica_set_routes_over_http_and_fails_over_when_a_port_dies():
 async def test_load_is_polled_over_the_port_once_it_is_known():
     e = await engine(sim_tokens_per_s=5000)
     h = FakeHandle(e)
-    rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8)
+    rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8, **routing())
     rs.start()
     await asyncio.sleep(1.2)  # about five polls
     rs.close()
@@ -112,7 +112,7 @@ async def test_streams_over_the_port_and_release_their_queued_tokens():
     from hive_apps.serving.engine.protocol import ResponseStart
 
     e = await engine(sim_tokens_per_s=200)
-    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8, **routing())
     rs.start()
     for _ in range(100):
         if rs.endpoints[0]:
@@ -148,7 +148,7 @@ async def test_a_hung_engine_fails_the_request_instead_of_holding_it(monkeypatch
     get_settings.cache_clear()
     try:
         e = await engine(sim_tokens_per_s=5000)
-        rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+        rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8, **routing())
         rs.endpoints[0] = EngineEndpoint(url=f"http://127.0.0.1:{port}", token="t")
         req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
                                body=json.dumps(CHAT).encode())
@@ -173,7 +173,7 @@ async def test_a_non_streaming_answer_longer_than_the_idle_limit_is_waited_for_a
     try:
         slow, other = await engine(0, sim_tokens_per_s=10), await engine(1, sim_tokens_per_s=10)
         rs = ReplicaSet("sim-model", {0: FakeHandle(slow), 1: FakeHandle(other)}, [slow.replica, other.replica],
-                        queue_bound=8)
+                        queue_bound=8, **routing())
         rs.endpoints = {0: slow.endpoint(), 1: other.endpoint()}
         body = {**CHAT, "max_tokens": 20}  # 2 s of generation: four idle limits
         req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
@@ -211,7 +211,7 @@ async def test_an_idle_replica_set_polls_rarely_and_at_once_when_a_request_comes
 
     monkeypatch.setattr(liveness, "IDLE_AFTER_S", 0.3)
     e = await engine(sim_tokens_per_s=5000)
-    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8, **routing())
     polls = []
     poll_one = rs._poll_one
 
@@ -240,7 +240,7 @@ async def test_an_idle_replica_set_polls_rarely_and_at_once_when_a_request_comes
 
 async def test_a_replica_that_came_up_after_the_last_poll_is_asked_again_not_refused():
     e = await engine(sim_tokens_per_s=5000)
-    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=8, **routing())
     rs.views[0].healthy = False  # the last poll ran while the engine was still starting
     start, body = await rs.call(ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
                                                  body=json.dumps(CHAT).encode()), CHAT)
@@ -252,7 +252,7 @@ async def test_a_replica_that_came_up_after_the_last_poll_is_asked_again_not_ref
 
 async def test_requests_arriving_together_while_no_replica_looks_healthy_still_meet_the_queue_bound():
     e = await engine(max_num_seqs=1, sim_tokens_per_s=20)
-    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=1)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(e)}, [e.replica], queue_bound=1, **routing())
     rs.views[0].healthy = False  # the last poll ran while the engine was still starting
     req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
                            body=json.dumps({**CHAT, "max_tokens": 10}).encode())
@@ -370,7 +370,7 @@ async def test_the_router_fails_over_when_an_engine_port_is_at_its_connection_li
     full = await engine(0, sim_tokens_per_s=5000)
     monkeypatch.undo()
     free = await engine(1, sim_tokens_per_s=5000)
-    rs = ReplicaSet("sim-model", {0: FakeHandle(full), 1: FakeHandle(free)}, [full.replica, free.replica], queue_bound=8)
+    rs = ReplicaSet("sim-model", {0: FakeHandle(full), 1: FakeHandle(free)}, [full.replica, free.replica], queue_bound=8, **routing())
     rs.endpoints.update({0: full.endpoint(), 1: free.endpoint()})
     holder = await _raw(full)  # takes r0's only slot
     await asyncio.sleep(0.05)

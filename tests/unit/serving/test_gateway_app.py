@@ -21,6 +21,7 @@ from hive_apps.serving.routing.http import MAX_BODY_BYTES
 from tests.unit.control.test_controller import Hive
 from tests.unit.core.test_lifecycle import idle_for, ready
 from tests.unit.fake_cluster import FakeCluster, LocalHandle
+from tests.unit.helpers import recorded_publisher
 from tests.unit.serving.test_engine_http import FakeHandle
 
 KEY = "key-a"
@@ -69,7 +70,7 @@ async def gateway():
     h = Hive(SimCluster({"node-a": "L4"}))
     await h.start_registry()
     await h.sample()
-    app = make_gateway_app(h.cluster, SETTINGS)
+    app = make_gateway_app(h.cluster, SETTINGS, publisher=recorded_publisher())
     h.gateway_app = app  # type: ignore[attr-defined]  # tests that change its settings
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://hive") as client:

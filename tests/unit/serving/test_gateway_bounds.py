@@ -21,6 +21,7 @@ from hive_apps.serving.routing.hold import HoldRefused, WakeHold, client_of, cli
 from tests.unit.control.test_controller import Hive
 from tests.unit.core.test_lifecycle import idle_for, ready
 from tests.unit.fake_cluster import FakeCluster
+from tests.unit.helpers import recorded_publisher
 
 KEYS = ["key-a", "key-b"]
 SETTINGS = HiveSettings(api_keys=KEYS, deploy_timeout_s=30, min_residency_s=0, drain_grace_s=0.2,
@@ -73,7 +74,7 @@ async def gateway(monkeypatch):
     h = Hive(FakeCluster({"node-a": "L4"}))
     await h.start_registry()
     await h.sample()
-    gw = make_gateway_app(h.cluster, SETTINGS)
+    gw = make_gateway_app(h.cluster, SETTINGS, publisher=recorded_publisher())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw), base_url="http://hive") as client:
         yield h, client
     gw.close()
@@ -127,7 +128,7 @@ async def test_one_key_holds_at_most_its_share_and_others_still_get_in():
     async def no_wake(model_id):
         return None
 
-    hold = WakeHold(SETTINGS, no_wake)
+    hold = WakeHold(SETTINGS, no_wake, publisher=recorded_publisher())
     await hold.update({"m": record(ModelStatus.WAKING)})
     greedy, other = client_of("Bearer key-a"), client_of("Bearer key-b")
     held = [asyncio.create_task(hold.wait("m", client=greedy)) for _ in range(2)]
@@ -173,7 +174,7 @@ async def test_each_gateway_replica_holds_its_part_of_a_models_bound():
     async def no_wake(model_id):
         return None
 
-    hold = WakeHold(SETTINGS, no_wake, entry="gateway", replicas=2)  # SETTINGS: 4 per model, so 2 here
+    hold = WakeHold(SETTINGS, no_wake, entry="gateway", replicas=2, publisher=recorded_publisher())  # SETTINGS: 4 per model, so 2 here
     await hold.update({"m": record(ModelStatus.WAKING)})
     held = [asyncio.create_task(hold.wait("m")) for _ in range(2)]
     await asyncio.sleep(0.01)

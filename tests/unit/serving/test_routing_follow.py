@@ -6,6 +6,7 @@ from hive_apps.control.cluster import set_cluster
 from hive_apps.serving.routing.follow import ModelReplicas, live_plan
 from tests.unit.control.test_controller import Hive
 from tests.unit.fake_cluster import FakeCluster
+from tests.unit.helpers import routing
 
 
 async def test_a_lost_replica_leaves_the_replica_set_and_a_moved_one_is_rebuilt():
@@ -15,7 +16,7 @@ async def test_a_lost_replica_leaves_the_replica_set_and_a_moved_one_is_rebuilt(
         await h.sample()
         await h.deploy("m", replicas=2)
         rec = await h.settle("m")
-        sets = ModelReplicas()
+        sets = ModelReplicas(**routing())
         first = sets.of(rec)
         assert sorted(first.handles) == [0, 1] and sets.of(rec) is first  # unchanged: the same set
         h.cluster.kill_node(rec.plan.replicas[1].node_name)

@@ -25,6 +25,7 @@ from hive_apps.serving.routing.http import (
     respond_for,
     too_large,
 )
+from tests.unit.helpers import recorded_publisher
 
 MiB = 2**20
 
@@ -159,7 +160,7 @@ def client_message(answer) -> str:
 async def test_clients_of_a_failed_model_get_where_the_details_are_not_the_traceback(caplog):
     caplog.set_level(logging.INFO, logger="ray.serve")
     req = ForwardedRequest(path="/v1/chat/completions", headers=[("x-request-id", "rid-42")], body=b"{}")
-    answer = await respond_for(record(ModelStatus.FAILED), lambda rec: None, WakeHold(HiveSettings()), req,
+    answer = await respond_for(record(ModelStatus.FAILED), lambda rec: None, WakeHold(HiveSettings(), publisher=recorded_publisher()), req,
                                BodyFields("m", False, {}))
     assert answer.status_code == 404 and "rid-42" in client_message(answer)
     assert any("rid-42" in r.getMessage() and "CUDA out of memory" in r.getMessage() for r in caplog.records)
@@ -169,14 +170,14 @@ async def test_held_requests_learn_the_wake_failed_or_timed_out_but_not_why():
     async def no_wake(model_id):
         return None
 
-    hold = WakeHold(HiveSettings(hold_timeout_s=5), no_wake)
+    hold = WakeHold(HiveSettings(hold_timeout_s=5), no_wake, publisher=recorded_publisher())
     await hold.update({"m": record(ModelStatus.SLEEPING, wake_failed_at=time.time() + 60)})
     with pytest.raises(HoldRefused) as failed:
         await hold.wait("m", "rid-43")
     assert failed.value.response.status_code == 503
     message = client_message(failed.value.response)
     assert "could not wake" in message and "rid-43" in message
-    hold = WakeHold(HiveSettings(hold_timeout_s=0.05), no_wake)
+    hold = WakeHold(HiveSettings(hold_timeout_s=0.05), no_wake, publisher=recorded_publisher())
     await hold.update({"m": record(ModelStatus.WAKING)})
     with pytest.raises(HoldRefused) as late:
         await hold.wait("m", "rid-44")
@@ -190,7 +191,7 @@ async def test_every_503_the_hive_makes_says_when_to_retry():
     from hive_apps.core.openai_errors import openai_error
     from hive_apps.serving.engine.protocol import ForwardedRequest
     from hive_apps.serving.routing.replica_set import ReplicaSet
-    from tests.unit.helpers import replica_plan
+    from tests.unit.helpers import replica_plan, routing
 
     assert openai_error(503, "down").headers["retry-after"] == "1"
     assert openai_error(503, "down", headers={"Retry-After": "7"}).headers["retry-after"] == "7"
@@ -208,7 +209,7 @@ async def test_every_503_the_hive_makes_says_when_to_retry():
         def options(self, **_):
             return self
 
-    rs = ReplicaSet("m", {0: DeadHandle()}, [replica_plan()], queue_bound=4)
+    rs = ReplicaSet("m", {0: DeadHandle()}, [replica_plan()], queue_bound=4, **routing())
     start, _ = await rs.call(ForwardedRequest(path="/v1/chat/completions", body=b"{}"), None)
     assert start.status == 503 and dict(start.headers)["retry-after"] == "1"
     rs.close()

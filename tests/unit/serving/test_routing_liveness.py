@@ -12,6 +12,7 @@ from hive_apps.serving.routing.liveness import is_live
 from hive_apps.serving.routing.policy import choose_replica, queue_full
 from hive_apps.serving.routing.replica_set import ReplicaSet
 from hive_apps.serving.routing.split import COMPLETIONS, plan_split
+from tests.unit.helpers import routing
 from tests.unit.serving.test_engine_http import CHAT, FakeHandle, engine
 
 ROUTING = Path(liveness.__file__).parent
@@ -26,7 +27,7 @@ def test_only_liveness_reads_or_writes_the_live_state():
 
 async def test_a_replica_the_failover_marked_is_skipped_by_choice_bound_and_split_until_a_poll_answers():
     engines = [await engine(i, max_num_seqs=4, sim_tokens_per_s=5000) for i in range(2)]
-    rs = ReplicaSet("sim-model", {i: FakeHandle(e) for i, e in enumerate(engines)}, [e.replica for e in engines], 8)
+    rs = ReplicaSet("sim-model", {i: FakeHandle(e) for i, e in enumerate(engines)}, [e.replica for e in engines], 8, **routing())
     await rs._refresh()
     await rs._refresh()  # the ports are known and answer
     assert all(is_live(v) for v in rs.views.values()) and all(rs.endpoints.values())

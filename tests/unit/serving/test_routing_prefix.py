@@ -21,6 +21,7 @@ from hive_apps.serving.routing.prefix import (
 )
 from hive_apps.serving.routing.replica_set import ReplicaSet
 from tests.unit.helpers import replica_plan
+from tests.unit.helpers import routing as seams
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: four full routing blocks
 
@@ -165,7 +166,7 @@ class StubTransport:
 
 def replica_set(n: int = 2, routing: Routing = Routing.PREFIX, down: set[int] | None = None) -> ReplicaSet:
     plans = [replica_plan(max_num_seqs=8).model_copy(update={"index": i}) for i in range(n)]
-    rs = ReplicaSet("m", {}, plans, queue_bound=8, routing=routing)
+    rs = ReplicaSet("m", {}, plans, queue_bound=8, routing=routing, **seams())
     rs.transport = StubTransport(down)  # type: ignore[assignment]
     return rs
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hive_apps.core.settings import get_settings
+from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.serving.engine import http_server
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.replica_set import ReplicaSet
@@ -16,7 +16,10 @@ from hive_apps.serving.routing.transport import (
     ServeTransport,
     make_transport,
 )
+from tests.unit.helpers import routing
 from tests.unit.serving.test_engine_http import CHAT, FakeHandle, _raw, engine
+
+READ_TIMEOUT_S = HiveSettings().engine_read_timeout_s
 
 
 def chat(**fields) -> ForwardedRequest:
@@ -29,7 +32,7 @@ async def test_each_transport_probes_calls_and_streams_an_engine(kind):
     e = await engine(sim_tokens_per_s=5000)
     h = FakeHandle(e)
     serve = ServeTransport({0: h})
-    t: EngineTransport = HttpTransport(serve) if kind == "http" else serve
+    t: EngineTransport = HttpTransport(serve, READ_TIMEOUT_S) if kind == "http" else serve
     for _ in range(2):  # over HTTP: the first probe learns the port over Serve, the second uses it
         load = await t.load(0)
         assert isinstance(load, EngineLoad) and load.max_num_seqs == 4
@@ -54,7 +57,7 @@ async def test_a_full_port_is_overloaded_and_stays_known_any_other_failure_forge
     e = await engine(sim_tokens_per_s=5000)
     monkeypatch.undo()
     h = FakeHandle(e)
-    t = HttpTransport(ServeTransport({0: h}))
+    t = HttpTransport(ServeTransport({0: h}), READ_TIMEOUT_S)
     t.endpoints[0] = e.endpoint()
     holder = await _raw(e)  # takes the port's only slot
     await asyncio.sleep(0.05)
@@ -75,7 +78,7 @@ async def test_a_full_port_is_overloaded_and_stays_known_any_other_failure_forge
 
 async def test_the_http_transport_closes_its_connections_once_their_requests_are_answered():
     e = await engine(sim_tokens_per_s=40)
-    t = HttpTransport(ServeTransport({0: FakeHandle(e)}))
+    t = HttpTransport(ServeTransport({0: FakeHandle(e)}), READ_TIMEOUT_S)
     await t.load(0)
     await t.load(0)  # over the port: the connections are open
     replies = t.stream(0, chat(max_tokens=20, stream=True))  # half a second
@@ -100,7 +103,7 @@ def test_the_setting_chooses_the_transport(monkeypatch):
         for value, kind in (("1", HttpTransport), ("0", ServeTransport)):
             monkeypatch.setenv("HIVE_ENGINE_HTTP", value)
             get_settings.cache_clear()
-            assert type(make_transport({0: Handle()})) is kind
+            assert type(make_transport({0: Handle()}, HiveSettings())) is kind
     finally:
         get_settings.cache_clear()
 
@@ -112,7 +115,7 @@ async def test_with_engine_http_off_a_replica_set_calls_over_serve_only(monkeypa
         e = await engine(sim_tokens_per_s=5000)
         assert e.endpoint() is None, "the engine opens no port either"
         h = FakeHandle(e)
-        rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8)
+        rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8, **routing())
         start, body = await rs.call(chat(), CHAT)
         items = [item async for item in rs.stream(chat(stream=True))]
         assert start.status == 200 and items[0].status == 200

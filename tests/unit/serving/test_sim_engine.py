@@ -1,10 +1,13 @@
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from hive_apps.core.buckets import TTFT_BOUNDS_S
 from hive_apps.core.devices import DeviceKind
-from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart
+from hive_apps.serving.engine.base import WARM_UP_TOKENS
+from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.engine.sim_engine import SimEngine
 from tests.unit.helpers import replica_plan
 
@@ -248,3 +251,72 @@ async def test_prefix_cache_is_bounded_by_the_planned_blocks_and_can_be_off():
     for _ in range(2):
         await off.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 400, "max_tokens": 1})
     assert off.prefix_cache is None and off.info()["prefix_cache"] == {"queries": 0, "hits": 0}
+
+
+# --- the load report's counters: tokens and time to first token (issue 31) ---------------------------
+# The admin's history turns them into tokens/s and p50 TTFT (core/history.py); vLLM's stat-logger hook
+# feeds the same counters (serving/engine/vllm_engine.py).
+CHAT = {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_the_sim_engine_counts_tokens_and_each_requests_time_to_first_token():
+    e = await engine(max_num_seqs=1, sim_tokens_per_s=100)  # one sequence at a time, 10 ms a token
+    try:
+        warm = e.load()  # the warm-up is counted, as vLLM's own counters count it
+        assert warm.generation_tokens_total == WARM_UP_TOKENS and warm.prompt_tokens_total > 0
+        assert warm.ttft.count == 1 and len(warm.ttft.buckets) == len(TTFT_BOUNDS_S)
+
+        # two at once on one slot: the second waits the first's 10 tokens (>= 0.1 s) before its own first token
+        answers = await asyncio.gather(*(e.call_json("/v1/chat/completions", {**CHAT, "max_tokens": 10})
+                                         for _ in range(2)))
+        assert [status for status, _ in answers] == [200, 200]
+        ld = e.load()
+        usage = [body["usage"] for _, body in answers]
+        assert ld.generation_tokens_total - warm.generation_tokens_total == 20 == sum(u["completion_tokens"] for u in usage)
+        assert ld.prompt_tokens_total - warm.prompt_tokens_total == sum(u["prompt_tokens"] for u in usage)
+        assert ld.ttft.count == 3 and ld.ttft.sum_s - warm.ttft.sum_s >= 0.1 + 0.01
+        b = ld.ttft.buckets
+        assert all(x <= y for x, y in zip(b, b[1:])) and b[-1] == 3, "cumulative, every one within the last bound"
+        assert b[TTFT_BOUNDS_S.index(0.1)] <= 2, "the one that waited for the slot took more than 0.1 s"
+        assert b[TTFT_BOUNDS_S.index(0.001)] == 0, "a first token takes a decode step (10 ms) at least"
+
+        # what travels to the routers and the admin: JSON, read back the same
+        assert EngineLoad.model_validate_json(ld.model_dump_json()) == ld
+    finally:
+        if e.http is not None:
+            await e.http.stop()
+
+
+def test_an_engine_load_from_before_the_counters_still_parses():
+    old = EngineLoad.model_validate_json(b'{"running": 2, "waiting": 1, "kv_cache_usage": 0.5, "max_num_seqs": 8,'
+                                         b' "requests_total": 40}')
+    assert old.running == 2 and old.requests_total == 40
+    assert (old.prompt_tokens_total, old.generation_tokens_total) == (0, 0)
+    assert old.ttft.buckets == [] and old.ttft.count == 0 and old.ttft.sum_s == 0.0
+    assert EngineLoad().ttft is not EngineLoad().ttft, "each load its own histogram"
+
+
+def test_counters_bucket_as_prometheus_does():
+    c = EngineCounters()
+    for s in (0.0005, 0.001, 0.3, 0.3, 5000.0):  # on a bound counts in that bound's bucket (le); past the last: count only
+        c.first_token(s)
+    c.tokens(7, 3)
+    c.tokens(-1, 0)  # never goes back
+    f = c.fields()
+    b = f["ttft"].buckets
+    assert b[TTFT_BOUNDS_S.index(0.001)] == 2 and b[TTFT_BOUNDS_S.index(0.25)] == 2 and b[TTFT_BOUNDS_S.index(0.5)] == 4
+    assert b[-1] == 4 and f["ttft"].count == 5 and abs(f["ttft"].sum_s - 5000.6015) < 1e-6
+    assert (f["prompt_tokens_total"], f["generation_tokens_total"]) == (7, 3)
+
+
+def test_vllm_iteration_stats_fill_the_same_counters():
+    from hive_apps.serving.engine.vllm_engine import LoadTracker
+
+    tracker = LoadTracker()
+    tracker.record(SimpleNamespace(num_running_reqs=2, num_waiting_reqs=0, kv_cache_usage=0.1),
+                   SimpleNamespace(num_prompt_tokens=40, num_generation_tokens=7, time_to_first_tokens_iter=[0.03, 0.7]))
+    tracker.record(None, SimpleNamespace(num_prompt_tokens=0, num_generation_tokens=5, time_to_first_tokens_iter=[]))
+    f = tracker.counters.fields()
+    assert (f["prompt_tokens_total"], f["generation_tokens_total"]) == (40, 12)
+    assert f["ttft"].count == 2 and f["ttft"].buckets[TTFT_BOUNDS_S.index(0.04)] == 1
+    assert f["ttft"].buckets[TTFT_BOUNDS_S.index(0.75)] == 2
