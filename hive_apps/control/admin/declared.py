@@ -40,8 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hive_apps.control.admin.schemas import AdminError, DeclaredEntry, DeclaredReport, validation_problems
-from hive_apps.control.admin.updates import GONE_WAIT_S, amend
+from hive_apps.control.admin.schemas import (
+    AdminError,
+    DeclaredEntry,
+    DeclaredOutcome,
+    DeclaredReport,
+    validation_problems,
+)
+from hive_apps.control.admin.updates import GONE_WAIT_S, Amendment, amend
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.changes import spec_change
@@ -79,7 +85,7 @@ class DeclaredModels:
 
     def __init__(self, admin: AdminService, entries: list[Any] | None):
         self.admin, self.entries = admin, entries
-        self.report = [DeclaredEntry(index=i, model_id=_model_id_of(raw), outcome="pending")
+        self.report = [DeclaredEntry(index=i, model_id=_model_id_of(raw), outcome=DeclaredOutcome.PENDING)
                        for i, raw in enumerate(entries or [])]
         self.removed: list[str] = []
         self.done = asyncio.Event()  # every entry was looked at once
@@ -89,12 +95,12 @@ class DeclaredModels:
         return DeclaredReport(declared=self.entries is not None, done=self.done.is_set(),
                               entries=[e.model_copy() for e in self.report], removed=list(self.removed))
 
-    def _set(self, index: int, outcome: str, message: str = "", changed: tuple[str, ...] | list[str] = ()) -> None:
+    def _set(self, index: int, outcome: DeclaredOutcome, message: str = "", changed: tuple[str, ...] | list[str] = ()) -> None:
         entry = self.report[index]
         self.report[index] = entry.model_copy(update={"outcome": outcome, "message": message, "changed": list(changed),
                                                       "at": self.admin.clock()})
         what = entry.model_id or f"entry {index}"
-        if outcome in ("error", "retrying"):
+        if outcome in (DeclaredOutcome.ERROR, DeclaredOutcome.RETRYING):
             log.warning("declared model %s: %s: %s", what, outcome, message)
         else:
             log.info("declared model %s: %s%s", what, outcome, f" ({message})" if message else "")
@@ -134,18 +140,18 @@ class DeclaredModels:
             model_id = self.report[i].model_id
             if model_id is not None and counts[model_id] > 1:
                 at = [e.index for e in self.report if e.model_id == model_id]
-                self._set(i, "error", f"model_id {model_id!r} is declared {counts[model_id]} times (entries {at}); "
+                self._set(i, DeclaredOutcome.ERROR, f"model_id {model_id!r} is declared {counts[model_id]} times (entries {at}); "
                                       "declare it once. A model running under it is left as it is")
                 continue
             if not isinstance(raw, dict):
-                self._set(i, "error", "an entry must be a mapping of POST /admin/models fields")
+                self._set(i, DeclaredOutcome.ERROR, "an entry must be a mapping of POST /admin/models fields")
                 continue
             try:
                 specs[i] = ModelSpec.under_policy(raw, self.admin.settings)
             except ValidationError as e:
                 problems = "; ".join(f"{f}: {m}" for f, m in validation_problems(e.errors()))
                 left = " A model running under it is left as it is." if model_id else ""
-                self._set(i, "error", f"invalid, as a POST /admin/models body would be (422): {problems}.{left}")
+                self._set(i, DeclaredOutcome.ERROR, f"invalid, as a POST /admin/models body would be (422): {problems}.{left}")
         return specs
 
     async def _remove_unlisted(self, records: list[ModelRecord], named: set[str | None]) -> None:
@@ -168,15 +174,15 @@ class DeclaredModels:
         try:
             outcome, message, changed = await self._reconcile(spec)
         except AdminError as e:
-            self._set(index, "retrying", f"{e.message} (HTTP {e.status}); trying again in {wait_s:.0f}s")
+            self._set(index, DeclaredOutcome.RETRYING, f"{e.message} (HTTP {e.status}); trying again in {wait_s:.0f}s")
             return False
         except Exception as e:  # e.g. the registry restarting
-            self._set(index, "retrying", f"{type(e).__name__}: {e}; trying again in {wait_s:.0f}s")
+            self._set(index, DeclaredOutcome.RETRYING, f"{type(e).__name__}: {e}; trying again in {wait_s:.0f}s")
             return False
         self._set(index, outcome, message, changed)
         return True
 
-    async def _reconcile(self, spec: ModelSpec) -> tuple[str, str, tuple[str, ...]]:
+    async def _reconcile(self, spec: ModelSpec) -> tuple[DeclaredOutcome, str, tuple[str, ...]]:
         admin, model_id = self.admin, spec.model_id
         rec = await admin.registry.get_model.remote(model_id)
         if rec is not None and rec.status is ModelStatus.DELETING:  # e.g. removed by an earlier config: wait
@@ -187,20 +193,21 @@ class DeclaredModels:
                 raise AdminError(503, f"{model_id!r} is still being deleted")
         if rec is None:
             await admin.admit(spec, Origin.DECLARED)
-            return "deployed", f"deploying; GET /admin/models/{model_id} follows it", ()
+            return DeclaredOutcome.DEPLOYED, f"deploying; GET /admin/models/{model_id} follows it", ()
         if rec.status in ENDED:
             change = spec_change(rec, spec)
             if not change.changed and rec.origin is Origin.DECLARED:
-                return "unchanged", (f"{rec.status.value} with these settings ({rec.message}); PUT "
+                return DeclaredOutcome.UNCHANGED, (f"{rec.status.value} with these settings ({rec.message}); PUT "
                                      f"/admin/models/{model_id} with its body deploys it again"), ()
             await admin.admit(spec, Origin.DECLARED)
-            return "deployed", f"it was {rec.status.value}", change.changed
+            return DeclaredOutcome.DEPLOYED, f"it was {rec.status.value}", change.changed
         adopted = rec.origin is not Origin.DECLARED
         amended = await amend(admin, rec, spec, Origin.DECLARED, recreate=True)
-        if amended.how == "recreated":
+        if amended.how is Amendment.RECREATED:
             why = "; ".join(f"{f}: {w}" for f, w in amended.change.restart.items())
-            return "replaced", f"deleted and deployed again: {why}", amended.change.changed
+            return DeclaredOutcome.REPLACED, f"deleted and deployed again: {why}", amended.change.changed
         if adopted:
-            return "adopted", f"deployed by POST before; now declared (was {rec.origin.value})", amended.change.changed
-        return ("updated" if amended.how == "in_place" else "unchanged"), "", amended.change.changed
+            return DeclaredOutcome.ADOPTED, f"deployed by POST before; now declared (was {rec.origin.value})", amended.change.changed
+        updated = amended.how is Amendment.IN_PLACE
+        return (DeclaredOutcome.UPDATED if updated else DeclaredOutcome.UNCHANGED), "", amended.change.changed
 

@@ -37,7 +37,7 @@ from hive_apps.control.admin.schemas import (
     error_responses,
     validation_problems,
 )
-from hive_apps.control.admin.updates import amend, without_model
+from hive_apps.control.admin.updates import Amendment, amend, without_model
 from hive_apps.control.admin.weights import CALL_TIMEOUT_S, NodeCaches, PrefetchRequest
 from hive_apps.control.cluster import Cluster, ControlPlane, off_loop
 from hive_apps.core.auth import monitor_token_node, node_monitor_token
@@ -319,7 +319,7 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
             return await admin.respond(await admin.admit(spec, rec.origin), wait, changed=changed, applied="deployed")
         amended = await amend(admin, rec, spec, rec.origin, recreate)
         extra = {"changed": list(amended.change.changed), "applied": amended.how}
-        if amended.how == "recreated":
+        if amended.how is Amendment.RECREATED:
             return await admin.respond(amended.record, wait, **extra)
         return {**admin.status(amended.record).model_dump(mode="json"), **extra}
 

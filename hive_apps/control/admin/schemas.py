@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -120,16 +121,25 @@ def _state(rec: ModelRecord) -> ModelState | None:
         return None
 
 
+class DeclaredOutcome(StrEnum):
+    """What became of one declared model (``DeclaredEntry.outcome``)."""
+
+    PENDING = "pending"  # not looked at yet
+    DEPLOYED = "deployed"  # deployed as declared
+    UNCHANGED = "unchanged"  # running as declared
+    UPDATED = "updated"  # settings changed in place
+    ADOPTED = "adopted"  # a POSTed model of that id is now declared
+    REPLACED = "replaced"  # deleted and deployed again (a change that needs new engines)
+    RETRYING = "retrying"  # not deployed yet, tried again every retry_s
+    ERROR = "error"  # refused (the entry is invalid), the running model (if any) left as it was
+
+
 class DeclaredEntry(BaseModel):
     """How one model of ``hive-admin``'s ``models`` arg went, at the admin's start (``GET /admin/declared``)."""
 
     index: int  # its place in the list
     model_id: str | None = None  # None: the entry names none
-    # pending: not looked at yet; deployed: deployed as declared; unchanged: running as declared; updated:
-    # settings changed in place; adopted: a POSTed model of that id is now declared; replaced: deleted and
-    # deployed again (a change that needs new engines); retrying: not deployed yet, tried again every
-    # retry_s; error: refused (the entry is invalid), the running model (if any) left as it was
-    outcome: Literal["pending", "deployed", "unchanged", "updated", "adopted", "replaced", "retrying", "error"]
+    outcome: DeclaredOutcome
     message: str = ""
     changed: list[str] = []  # the fields its settings changed in (updated, adopted, replaced)
     at: float | None = None  # when the outcome was reached

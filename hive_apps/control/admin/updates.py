@@ -17,7 +17,8 @@ hive's Serve config (``control/admin/declared.py``) both come here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from hive_apps.control.admin.schemas import AdminError
 from hive_apps.core import names
@@ -34,11 +35,17 @@ RESPEC_ATTEMPTS = 5  # a respec refused for a stale version (a note, a drift) is
 GONE_WAIT_S = 60.0  # past the drain grace, how long a recreate waits for the old model's record to go
 
 
+class Amendment(StrEnum):
+    UNCHANGED = "unchanged"  # the same settings (the origin possibly recorded)
+    IN_PLACE = "in_place"  # recorded; the lifecycle loop and the routers follow the record
+    RECREATED = "recreated"  # deleted and deployed again with the new settings
+
+
 @dataclass
 class Amended:
     """What an update did: ``unchanged`` (origin possibly recorded), ``in_place`` or ``recreated``."""
 
-    how: Literal["unchanged", "in_place", "recreated"]
+    how: Amendment
     record: ModelRecord
     change: SpecChange = field(default_factory=SpecChange)
 
@@ -80,13 +87,13 @@ async def amend(admin: AdminService, rec: ModelRecord, spec: ModelSpec, origin: 
                 first = next(iter(change.restart))
                 raise AdminError(409, restart_message(rec.model_id, change), first,
                                  restart_fields=change.restart, live_fields=list(change.live))
-            return Amended("recreated", await replace(admin, rec, spec, origin), change)
+            return Amended(Amendment.RECREATED, await replace(admin, rec, spec, origin), change)
         if not change.changed and rec.origin is origin:
-            return Amended("unchanged", rec, change)
+            return Amended(Amendment.UNCHANGED, rec, change)
         outcome = await admin.registry.transition.remote(t.Respec(model_id=rec.model_id, version=rec.version,
                                                                   spec=spec, origin=origin))
         if outcome.ok:  # the lifecycle loop and the routers follow the record: nothing else to do
-            return Amended("in_place" if change.changed else "unchanged", outcome.record, change)
+            return Amended(Amendment.IN_PLACE if change.changed else Amendment.UNCHANGED, outcome.record, change)
         if outcome.record is None or outcome.record.status in (ModelStatus.DELETING, ModelStatus.FAILED,
                                                                 ModelStatus.DESTROYED):
             raise AdminError(409, f"{rec.model_id!r} changed while its settings were being updated: "
