@@ -1,5 +1,6 @@
 """The whole control plane on a simulated three-node cluster, with the sim engine."""
 
+import copy
 import json
 import time
 
@@ -161,3 +162,44 @@ def test_redeploying_the_base_config_and_reset_lose_nothing(clean):
     assert {k: (v["reserved_bytes"], v["replicas"]) for k, v in hive.gpus().items()} == before
     out = hive.api.post("/keeper/v1/completions", json={"model": "keeper", "prompt": "x", "max_tokens": 1})
     assert out.status_code == 200
+
+
+def with_declared(config: dict, models: list[dict]) -> dict:
+    """The hive's Serve config with ``models`` in hive-admin's args."""
+    out = copy.deepcopy(config)
+    for app in out["applications"]:
+        if app["name"] == "hive-admin":
+            app["args"] = {"models": models}
+    return out
+
+
+def test_declared_models_follow_the_serve_config(clean):
+    """A `serve deploy` that lists a model in hive-admin's args deploys it; one that no longer lists it
+    deletes it; a model added with POST stays through both."""
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    hive = clean
+    assert hive.deploy(**sim_spec("posted", gpu="node-b:gpu0")).status_code == 200
+    serve_deploy = ServeSubmissionClient(hive.dashboard_url).deploy_applications
+    try:
+        serve_deploy(with_declared(hive.config, [sim_spec("listed", gpu="node-b:gpu1")]))
+        deadline, body = time.time() + 120, {}
+        while time.time() < deadline:
+            r = hive.admin.get("/models/listed", timeout=10)
+            body = r.json() if r.status_code == 200 else {}
+            if body.get("status") == "ready":
+                break
+            time.sleep(1)
+        assert body.get("status") == "ready" and body["origin"] == "declared", body
+        report = hive.admin.get("/declared").json()
+        assert report["declared"] and [e["outcome"] for e in report["entries"]] == ["deployed"], report
+        out = hive.api.post("/v1/completions", json={"model": "listed", "prompt": "x", "max_tokens": 1})
+        assert out.status_code == 200, out.text
+    finally:
+        hive.deploy_base_config()  # the list as shipped: empty
+    deadline = time.time() + 120
+    while time.time() < deadline and hive.admin.get("/models/listed", timeout=10).status_code != 404:
+        time.sleep(1)
+    assert hive.admin.get("/models/listed").status_code == 404
+    posted = hive.admin.get("/models/posted").json()
+    assert posted["status"] == "ready" and posted["origin"] == "api", posted
