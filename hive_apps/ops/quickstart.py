@@ -5,7 +5,9 @@
 
 It starts a local Ray head (unless one is running), deploys ``serve_configs/hive.yaml``
 with ``serve deploy``, sends ``POST /admin/models?wait=true`` and asks the model one
-question with the OpenAI SDK. The hive keeps running afterwards; ``ray stop`` ends it.
+question with the OpenAI SDK. The hive keeps running afterwards; ``STOP`` ends it (Ray 2.60's
+``ray stop`` leaves Serve's HAProxy running, still listening on the HTTP port: measured after a
+quickstart on this box, so the command stops it too).
 
 ``serve deploy`` replaces the cluster's whole declarative Serve config: applications an earlier
 ``serve deploy`` (or a RayService) started that the hive's config does not list are deleted. On a
@@ -31,6 +33,7 @@ from hive_apps.core.settings import get_settings
 from hive_apps.ops.serve_env import HA_PROXY, ray_head_env
 
 CONFIG = Path(__file__).resolve().parents[2] / "serve_configs" / "hive.yaml"
+STOP = "ray stop && pkill -f 'haproxy -db -f /tmp/haproxy-serve/'"
 DASHBOARD = "http://127.0.0.1:8265"  # where `serve deploy` sends the config unless RAY_DASHBOARD_ADDRESS says
 NODE_NAME = "local"
 
@@ -174,7 +177,7 @@ def main() -> int:
     print(f"\nchat answer from {model_id}: {out.choices[0].message.content!r}")
     print(f"\nThe hive is running. Admin token: {admin_token}  API key: {api_key}")
     print(f"  curl -H 'Authorization: Bearer {admin_token}' {args.url}/admin/gpus")
-    print(f"  OpenAI base_url={args.url}/v1   dashboard: http://127.0.0.1:8265   stop: ray stop")
+    print(f"  OpenAI base_url={args.url}/v1   dashboard: http://127.0.0.1:8265   stop: {STOP}")
     print("  Never expose Ray's own ports (6379, 8265, 10001, ...): they give full control of the cluster. "
           "On a shared network start Ray with RAY_AUTH_MODE=token (README: Trust model).")
     return 0
