@@ -19,11 +19,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from hive_apps.core.planning.adapter_source import AdapterCheck, adapter_or_error
 from hive_apps.core.planning.planner import plan_deployment
 from hive_apps.core.planning.source_profile import load_source_profile, metadata_dir
 from hive_apps.core.planning.types import DeviceCapacity, Plan, PlanningError, Rejection
 from hive_apps.core.settings import get_settings
-from hive_apps.core.spec import ModelSpec
+from hive_apps.core.spec import AdapterSpec, ModelSpec
 from hive_apps.core.weights.types import Manifest
 
 log = logging.getLogger("ray.serve")
@@ -169,6 +170,23 @@ class PlanWorker:
             self._replace()
             return PlanOutcome(status_code=422, error=f"planning {spec.model!r} crashed the planner's worker")
 
+    async def check_adapter(self, spec: AdapterSpec, base: ModelSpec, base_weights: Manifest | None) -> AdapterCheck:
+        """A LoRA adapter read from its source and checked against its base (``adapter_source.py``), in the
+        worker under the same deadline as a plan."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._one_at_a_time:
+                await self._ensure_warm()
+                return await asyncio.wait_for(loop.run_in_executor(
+                    self._executor(), adapter_or_error, spec, base, base_weights, self.metadata), self.timeout_s)
+        except TimeoutError:
+            self._replace()
+            return AdapterCheck(status_code=422, error=(
+                f"checking the adapter {spec.source!r} took longer than {self.timeout_s:.0f}s (HIVE_PLAN_TIMEOUT_S)"))
+        except BrokenProcessPool:
+            self._replace()
+            return AdapterCheck(status_code=422, error=f"checking the adapter {spec.source!r} crashed the planner's worker")
+
     def close(self) -> None:
         self._replace()
 
@@ -186,6 +204,9 @@ class Planner:
                    pending: list[ModelSpec] | None = None, as_asked: bool = False,
                    weights: Manifest | None = None) -> PlanOutcome:
         return await self.worker.plan(spec, devices, pending, as_asked, weights)
+
+    async def check_adapter(self, spec: AdapterSpec, base: ModelSpec, base_weights: Manifest | None) -> AdapterCheck:
+        return await self.worker.check_adapter(spec, base, base_weights)
 
 
 def build(_: dict | None = None):

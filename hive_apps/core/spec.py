@@ -51,6 +51,134 @@ def policy_of(info: ValidationInfo) -> HiveSettings | None:
     return settings
 
 
+def checked_source(v: str, settings: HiveSettings | None) -> str:
+    """A source the hive can fetch from (``hive_apps/core/weights/source.py``); under a policy, a
+    folder must lie under the operator's model root when one is set. The message is the same
+    whether or not the path exists, so it tells nothing about the node's files. Model weights and
+    LoRA adapters (``AdapterSpec.source``) are checked alike."""
+    from hive_apps.core.weights.source import parse_source
+    from hive_apps.core.weights.types import SourceError, SourceKind
+
+    if ".." in Path(v).parts:
+        raise ValueError("must not contain '..'; name a folder, a Hub repo or an s3:// prefix")
+    try:
+        source = parse_source(v)
+    except SourceError as e:
+        raise ValueError(e.message) from None
+    root = settings.model_root if settings is not None else None
+    if root is None or source.kind is not SourceKind.LOCAL:
+        return v
+    if not Path(source.location).resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT), "
+                         "a Hugging Face Hub repo or an s3:// prefix")
+    return v
+
+
+def checked_model_id(v: str) -> str:
+    """A name a model or an adapter may take: a lowercase slug the hive does not reserve."""
+    if not MODEL_ID_RE.fullmatch(v):
+        raise ValueError(
+            "must be a lowercase slug (a-z, 0-9, '-', 1-63 chars, starting and ending "
+            f"with a letter or digit), got {v!r}; for example 'qwen3-8b'"
+        )
+    if v in RESERVED_MODEL_IDS or v.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
+            f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
+        )
+    return v
+
+
+# vLLM 0.32's LoRAConfig.max_lora_rank: one of these (``vllm/config/lora.py`` MaxLoRARanks)
+LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORAS: Final = 256  # LoRA slots per engine the hive accepts (each costs memory on every device)
+
+
+class LoraSpec(BaseModel):
+    """``lora`` of a deploy: the base serves LoRA adapters (``POST /admin/adapters``, docs/lora.md).
+
+    The planner turns it into vLLM's ``enable_lora``, ``max_loras``, ``max_lora_rank`` and
+    ``max_cpu_loras`` and counts the memory of the slots and of the punica buffers in the plan and the
+    reservation (``core/planning/lora.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_loras: int = Field(4, ge=1, le=MAX_LORAS, description="Adapters one batch may mix: the LoRA slots on each "
+                                                              "device (vLLM max_loras), each of max_lora_rank.")
+    max_lora_rank: int = Field(16, description=f"The highest adapter rank this base takes (vLLM max_lora_rank): "
+                                               f"one of {', '.join(map(str, LORA_RANKS))}.")
+    max_cpu_loras: int | None = Field(None, ge=1, le=4096,
+                                      description="Adapters each replica keeps loaded (vLLM's CPU cache, the "
+                                                  "engine's LRU); default max_loras. At least max_loras.")
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_vllm_rank(cls, v: int) -> int:
+        if v not in LORA_RANKS:
+            higher = [r for r in LORA_RANKS if r >= v]
+            hint = f"; the next one up is {higher[0]}" if higher else ""
+            raise ValueError(f"must be one of vLLM's ranks {', '.join(map(str, LORA_RANKS))}, got {v}{hint}")
+        return v
+
+    @model_validator(mode="after")
+    def _cpu_holds_the_slots(self) -> LoraSpec:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} is below max_loras={self.max_loras}: every adapter "
+                             "in a slot is also loaded; raise max_cpu_loras or leave it out")
+        return self
+
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters a replica keeps loaded (what vLLM defaults max_cpu_loras to)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM's arguments for these settings (max_cpu_loras always explicit)."""
+        return {"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                "max_cpu_loras": self.cpu_loras}
+
+
+class AdapterSpec(BaseModel):
+    """Body of ``POST /admin/adapters``: a LoRA adapter served on a base that has ``lora``."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_id: str = Field(description="The adapter's own name: clients send it as 'model' on /v1. Unique among "
+                                      "models and adapters.")
+    base: str = Field(description="The model_id of a deployed model with 'lora' set.")
+    source: str = Field(description="Where the adapter is (adapter_config.json and adapter_model.safetensors): a "
+                                    "Hub repo 'org/name[@revision]', 's3://bucket/prefix' or an absolute folder, as "
+                                    "a model's weights (docs/weights.md).")
+
+    @classmethod
+    def under_policy(cls, body: Any, settings: HiveSettings) -> AdapterSpec:
+        """Checked for shape and against the operator's policy (a folder under HIVE_MODEL_ROOT)."""
+        return cls.model_validate(body, context={SETTINGS: settings})
+
+    @field_validator("model_id")
+    @classmethod
+    def _id_is_a_free_slug(cls, v: str) -> str:
+        return checked_model_id(v)
+
+    @field_validator("base")
+    @classmethod
+    def _base_is_a_slug(cls, v: str) -> str:
+        if not MODEL_ID_RE.fullmatch(v):
+            raise ValueError(f"must be the model_id of a deployed model (GET /admin/models), got {v!r}")
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source_is_a_source(cls, v: str, info: ValidationInfo) -> str:
+        return checked_source(v, policy_of(info))
+
+    @model_validator(mode="after")
+    def _not_its_own_base(self) -> AdapterSpec:
+        if self.model_id == self.base:
+            raise ValueError(f"model_id {self.model_id!r} is the base's own name; give the adapter a name of its own")
+        return self
+
+
 class EngineKind(str, Enum):
     VLLM = "vllm"
     SIM = "sim"
@@ -140,6 +268,11 @@ class ModelSpec(BaseModel):
         description="prefix: send a request to the replica most likely to hold its prompt's prefix in the prefix "
                     "cache, unless that replica is past its planned capacity; least_loaded: ignore prefixes.",
     )
+    lora: LoraSpec | None = Field(
+        None, description="Serve LoRA adapters on this model (POST /admin/adapters): {max_loras, max_lora_rank, "
+                          "max_cpu_loras}. The planner gives vLLM its LoRA settings and books the memory of the slots "
+                          "(docs/lora.md). Generative models only.",
+    )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
@@ -151,41 +284,12 @@ class ModelSpec(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_is_a_source(cls, v: str, info: ValidationInfo) -> str:
-        """A source the hive can fetch from (``hive_apps/core/weights/source.py``); under a policy, a
-        folder must lie under the operator's model root when one is set. The message is the same
-        whether or not the path exists, so it tells nothing about the node's files."""
-        from hive_apps.core.weights.source import parse_source
-        from hive_apps.core.weights.types import SourceError, SourceKind
-
-        if ".." in Path(v).parts:
-            raise ValueError("must not contain '..'; name a folder, a Hub repo or an s3:// prefix")
-        try:
-            source = parse_source(v)
-        except SourceError as e:
-            raise ValueError(e.message) from None
-        settings = policy_of(info)
-        root = settings.model_root if settings is not None else None
-        if root is None or source.kind is not SourceKind.LOCAL:
-            return v
-        if not Path(source.location).resolve().is_relative_to(root.resolve()):
-            raise ValueError(f"must be a folder under the model root {root} (HIVE_MODEL_ROOT), "
-                             "a Hugging Face Hub repo or an s3:// prefix")
-        return v
+        return checked_source(v, policy_of(info))
 
     @field_validator("model_id")
     @classmethod
     def _model_id_is_a_free_slug(cls, v: str) -> str:
-        if not MODEL_ID_RE.fullmatch(v):
-            raise ValueError(
-                "must be a lowercase slug (a-z, 0-9, '-', 1-63 chars, starting and ending "
-                f"with a letter or digit), got {v!r}; for example 'qwen3-8b'"
-            )
-        if v in RESERVED_MODEL_IDS or v.startswith(RESERVED_PREFIX):
-            raise ValueError(
-                f"{v!r} is reserved (names {sorted(RESERVED_MODEL_IDS)} and the prefix "
-                f"'{RESERVED_PREFIX}' belong to the hive); choose another model_id"
-            )
-        return v
+        return checked_model_id(v)
 
     @field_validator("replicas")
     @classmethod
@@ -273,6 +377,14 @@ class ModelSpec(BaseModel):
         if not low <= self.replicas <= self.max_replicas:
             raise ValueError(f"need min_replicas <= replicas <= max_replicas, got {low} <= {self.replicas} <= "
                              f"{self.max_replicas}")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_on_a_generator(self) -> ModelSpec:
+        pooling = self.vllm_kwargs.get("runner") == "pooling" or "task" in self.vllm_kwargs
+        if self.lora is not None and pooling:
+            raise ValueError("lora serves adapters on a generating model; this deploy runs as a pooling model "
+                             "(vllm_kwargs runner='pooling' or task): drop lora, or the pooling runner")
         return self
 
     @property

@@ -58,6 +58,9 @@ REFUSED: dict[str, str] = {
     "host": "the engine serves on the hive's own engine port", "port": "the engine serves on the hive's own engine port",
     "model": "set by the hive from 'model'", "served_model_name": "set by the hive from 'model_id'",
     "device": "set by the hive from the placement",
+    **{k: "set by the hive from the deploy's 'lora' field ({max_loras, max_lora_rank, max_cpu_loras}), whose memory "
+          "the planner books" for k in ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",
+                                        "fully_sharded_loras", "lora_dtype", "max_lora_cls_labels")},
 }
 IMPORTS_A_MODULE = "it imports any Python module or .py file"
 # Allowed only when the operator says so: they run or read code and files the deploy names.

@@ -136,6 +136,44 @@ def save_weights(model, out: Path, ids: dict[str, int]) -> None:
     }))
 
 
+LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def build_tiny_lora(base_folder: str | Path, out: str | Path, rank: int = 8, seed: int = 1,
+                    base_name: str = "hive-test/tiny-chat") -> Path:
+    """A random-weight PEFT LoRA adapter for the tiny chat model in ``base_folder`` (or any Qwen2/Llama
+    shaped checkpoint): ``adapter_config.json`` and ``adapter_model.safetensors`` written directly, on
+    q_proj and v_proj of every layer, rank ``rank``. B is not zero (PEFT initialises it to zero, which
+    would change nothing) and large next to the base's random weights, so the adapter's greedy answers
+    differ from the base's and, per ``seed``, from each other's. ``base_name`` goes into the config's
+    ``base_model_name_or_path``."""
+    import torch
+    from safetensors.torch import save_file
+
+    base = json.loads((Path(base_folder).expanduser() / "config.json").read_text())
+    hidden, layers = base["hidden_size"], base["num_hidden_layers"]
+    head_dim = base.get("head_dim") or hidden // base["num_attention_heads"]
+    outs = {"q_proj": base["num_attention_heads"] * head_dim,
+            "v_proj": base.get("num_key_value_heads", base["num_attention_heads"]) * head_dim}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(layers):
+        for module in LORA_TARGETS:
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = (torch.randn(rank, hidden, generator=gen) * 0.2).to(torch.bfloat16)
+            tensors[f"{prefix}.lora_B.weight"] = (torch.randn(outs[module], rank, generator=gen) * 0.2).to(torch.bfloat16)
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_name,
+        "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0, "target_modules": list(LORA_TARGETS),
+        "bias": "none", "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False, "use_dora": False,
+        "inference_mode": True,
+    }, indent=2))
+    return out
+
+
 # --- what the multimodal tiny models (tiny_vlm.py, tiny_audio.py) share with this one ---------------
 
 # The language side of every tiny checkpoint: head_dim 32, which vLLM's CPU attention accepts.

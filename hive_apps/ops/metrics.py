@@ -120,6 +120,15 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
               ("model", "outcome", "how")),
     MetricDef("hive_destroys", "counter", "Models destroyed for idleness", ("model",)),
     MetricDef("hive_deploy_failures", "counter", "Deploys or wakes that failed", ("model",)),
+    # --- LoRA adapters (each engine replica, serving/engine/adapters.py) ---
+    MetricDef("hive_adapter_loads", "counter",
+              "LoRA adapters an engine replica loaded on demand, by outcome (ok or failed)",
+              ("model", "replica", "adapter", "outcome")),
+    MetricDef("hive_adapter_load_seconds", "histogram",
+              "What a request waited for its adapter to load (fetch onto the node and vLLM's load)",
+              ("model", "replica"), (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)),
+    MetricDef("hive_adapter_evictions", "counter",
+              "LoRA adapters an engine replica unloaded to keep at most max_cpu_loras loaded", ("model", "replica")),
 ]}
 
 

@@ -20,6 +20,7 @@ from hive_apps.control.planner import plan_or_error
 from hive_apps.control.registry.monitor import NODE_NAME_LABEL, simulated_gpus
 from hive_apps.core import names
 from hive_apps.core.devices import NodeSample
+from hive_apps.core.planning.adapter_source import adapter_or_error
 from hive_apps.core.planning.source_profile import metadata_dir
 from hive_apps.core.planning.types import Plan
 from hive_apps.serving.engine.protocol import EngineLoad
@@ -65,6 +66,9 @@ class Planner:
 
     def plan(self, spec, devices, pending=None, as_asked=False, weights=None):
         return plan_or_error(spec, devices, pending, as_asked, weights, metadata=metadata_dir(self.cache()))
+
+    def check_adapter(self, spec, base, base_weights=None):
+        return adapter_or_error(spec, base, base_weights, metadata_dir(self.cache()))
 
 
 @dataclass

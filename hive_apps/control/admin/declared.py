@@ -51,7 +51,7 @@ from hive_apps.control.admin.updates import GONE_WAIT_S, Amendment, amend
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.changes import spec_change
-from hive_apps.core.state.records import ENDED, ModelRecord, ModelStatus, Origin
+from hive_apps.core.state.records import ENDED, AdapterDeletion, ModelRecord, ModelStatus, Origin
 
 if TYPE_CHECKING:
     from hive_apps.control.admin.ingress import AdminService
@@ -160,7 +160,8 @@ class DeclaredModels:
             if rec.origin is not Origin.DECLARED or rec.model_id in named or rec.status is ModelStatus.DELETING:
                 continue
             try:
-                outcome = await self.admin.registry.transition.remote(t.Delete(model_id=rec.model_id))
+                outcome = await self.admin.registry.transition.remote(  # its adapters wait for it to be declared again
+                    t.Delete(model_id=rec.model_id, adapters=AdapterDeletion.KEEP))
             except Exception as e:
                 log.warning("declared model %s is no longer listed, but deleting it failed: %s", rec.model_id, e)
                 continue

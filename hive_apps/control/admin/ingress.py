@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hive_apps.control.admin import status_page
+from hive_apps.control.admin.adapters import adapter_status, admit_adapter, remove_adapter
 from hive_apps.control.admin.declared import DeclaredModels
 from hive_apps.control.admin.guard import AdminGuard
 from hive_apps.control.admin.history import HistoryKeeper
@@ -44,10 +45,18 @@ from hive_apps.core.auth import monitor_token_node, node_monitor_token
 from hive_apps.core.devices import NodeSample
 from hive_apps.core.planning.report import render_plan_table
 from hive_apps.core.settings import HiveSettings
-from hive_apps.core.spec import ModelSpec
+from hive_apps.core.spec import AdapterSpec, ModelSpec
 from hive_apps.core.state.changes import spec_change
 from hive_apps.core.state.ledger import DeviceState
-from hive_apps.core.state.records import ENDED, SERVING, ModelRecord, ModelStatus, Origin, Reservation
+from hive_apps.core.state.records import (
+    ENDED,
+    SERVING,
+    AdapterDeletion,
+    ModelRecord,
+    ModelStatus,
+    Origin,
+    Reservation,
+)
 from hive_apps.core.state.transitions import Create, Delete, Sleep, Wake
 from hive_apps.core.weights.types import SourceError
 
@@ -80,13 +89,20 @@ class AdminService(ControlPlane):
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch_records()), loop.create_task(self._lifecycle_loop()),
                        loop.create_task(self.history.run())]
+        self._background: set[asyncio.Task] = set()
         self.declared = DeclaredModels(self, declared)  # the Serve config's models (control/admin/declared.py)
         self._tasks.append(loop.create_task(self.declared.run()))
 
     def close(self) -> None:
         """Stop the loops and the reconciler's (tests; a Serve replica just ends)."""
-        for task in [*self._tasks, *self.reconciler.loops.values()]:
+        for task in [*self._tasks, *self.reconciler.loops.values(), *self._background]:
             task.cancel()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` beside the requests (a prefetch): kept until it ends, cancelled by ``close``."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _watch_records(self) -> None:
         """Wake the loop of every model whose record changed; sweep orphan apps now and then.
@@ -183,6 +199,9 @@ class AdminService(ControlPlane):
         if existing is not None and existing.status not in ENDED:
             raise AdminError(409, f"model_id {spec.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id", "model_id")
+        if await self.registry.get_adapter.remote(spec.model_id) is not None:
+            raise AdminError(409, f"model_id {spec.model_id!r} is a LoRA adapter's name; DELETE "
+                                  f"/admin/adapters/{spec.model_id} first or choose another model_id", "model_id")
         began = time.perf_counter()
         plan = await self.place(spec)
         placed = time.perf_counter()
@@ -350,12 +369,52 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
             raise AdminError(404, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
         return admin.status(rec).model_dump(mode="json")
 
-    @app.delete("/models/{model_id}", responses=error_responses(401, 404))
-    async def delete_model(model_id: str):
-        outcome = await admin.registry.transition.remote(Delete(model_id=model_id))
+    @app.delete("/models/{model_id}", responses=error_responses(401, 404, 409))
+    async def delete_model(model_id: str,
+                           cascade: bool = Query(False, description="Delete the LoRA adapters served on it too; "
+                                                                    "without it a model with adapters is a 409.")):
+        how = AdapterDeletion.CASCADE if cascade else AdapterDeletion.REFUSE
+        adapters = [a for a in await admin.registry.list_adapters.remote() if a.base == model_id]
+        outcome = await admin.registry.transition.remote(Delete(model_id=model_id, adapters=how))
         if not outcome.ok:
+            if outcome.status_code == 409:
+                raise AdminError(409, outcome.message.removeprefix("delete: "), "model_id")
             raise AdminError(outcome.status_code, f"no model {model_id!r}; GET /admin/models lists them", "model_id")
-        return await admin.deleted([model_id], single=True)
+        answer = await admin.deleted([model_id], single=True)
+        if cascade and adapters and isinstance(answer, dict):
+            answer["adapters_deleted"] = sorted(a.model_id for a in adapters)
+        return answer
+
+    # --- LoRA adapters (control/admin/adapters.py, docs/lora.md) ---------------------------------
+    @app.post("/adapters", status_code=201, responses=error_responses(400, 401, 404, 409, 413, 422, 502))
+    async def deploy_adapter(spec: AdapterSpec):
+        """Serve a LoRA adapter on a base deployed with ``lora``: checked against the base (its config,
+        rank, target modules and tensor shapes), then recorded; the base's engines load it on its first
+        request. Its ``model_id`` is its name on ``/v1`` (and in ``GET /v1/models``, with the base as parent)."""
+        try:
+            spec = AdapterSpec.under_policy(spec.model_dump(), settings)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        rec = await admit_adapter(admin, spec)
+        return JSONResponse((await adapter_status(admin, rec)).model_dump(mode="json"), status_code=201)
+
+    @app.get("/adapters", responses=error_responses(401))
+    async def list_adapters():
+        return {"adapters": [(await adapter_status(admin, a)).model_dump(mode="json")
+                             for a in await admin.registry.list_adapters.remote()]}
+
+    @app.get("/adapters/{model_id}", responses=error_responses(401, 404))
+    async def get_adapter(model_id: str):
+        rec = await admin.registry.get_adapter.remote(model_id)
+        if rec is None:
+            raise AdminError(404, f"no adapter {model_id!r}; GET /admin/adapters lists them", "model_id")
+        return (await adapter_status(admin, rec)).model_dump(mode="json")
+
+    @app.delete("/adapters/{model_id}", responses=error_responses(401, 404))
+    async def delete_adapter(model_id: str):
+        """Stop serving the adapter: it is gone from ``/v1`` at once, and each engine of its base unloads it."""
+        rec = await remove_adapter(admin, model_id)
+        return {"deleted": rec.model_id, "base": rec.base}
 
     # --- sleep and wake now (the status page's buttons) -----------------------------------
     @app.post("/models/{model_id}/sleep", status_code=202, responses=error_responses(401, 404, 409, 422))
@@ -390,9 +449,10 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
 
     @app.delete("/models", responses=error_responses(401))
     async def delete_all():
+        """Every model, and the LoRA adapters on them."""
         ids = [r.model_id for r in await admin.registry.list_models.remote()]
         for model_id in ids:
-            await admin.registry.transition.remote(Delete(model_id=model_id))
+            await admin.registry.transition.remote(Delete(model_id=model_id, adapters=AdapterDeletion.CASCADE))
         return await admin.deleted(ids, single=False)
 
     @app.get("/gpus", responses=error_responses(401))

@@ -364,9 +364,10 @@ class Reconciler(ControlPlane):
         return False
 
     async def weights_in_use(self) -> set[str]:
-        """Cache keys a model that is not ended names: never evicted, never deleted."""
-        return {r.plan.weights.key for r in await self.registry.list_models.remote()
-                if r.status not in ENDED and r.plan.weights is not None}
+        """Cache keys a model that is not ended names, and every LoRA adapter's: never evicted, never deleted."""
+        models = {r.plan.weights.key for r in await self.registry.list_models.remote()
+                  if r.status not in ENDED and r.plan.weights is not None}
+        return models | {a.weights.key for a in await self.registry.list_adapters.remote()}
 
     async def _starting(self, rec: ModelRecord) -> float | None:
         if rec.applied_generation != rec.plan_generation:

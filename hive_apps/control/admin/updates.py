@@ -26,7 +26,7 @@ from hive_apps.core.planning.types import DeviceCapacity
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.changes import SpecChange, spec_change
-from hive_apps.core.state.records import ModelRecord, ModelStatus, Origin
+from hive_apps.core.state.records import AdapterDeletion, ModelRecord, ModelStatus, Origin
 
 if TYPE_CHECKING:
     from hive_apps.control.admin.ingress import AdminService
@@ -107,7 +107,8 @@ async def replace(admin: AdminService, rec: ModelRecord, spec: ModelSpec, origin
     """Delete the model and deploy ``spec`` under its id, once the new settings are known to plan on
     the devices as they would be without it (else ``AdminError`` and the model stays as it was)."""
     await admin.plan(spec, freeing=rec)  # raises: nothing was touched
-    outcome = await admin.registry.transition.remote(t.Delete(model_id=rec.model_id))
+    # its adapters stay: the same model_id comes back with the new settings
+    outcome = await admin.registry.transition.remote(t.Delete(model_id=rec.model_id, adapters=AdapterDeletion.KEEP))
     if not outcome.ok:
         raise AdminError(outcome.status_code, outcome.message, "model_id")
     admin.reconciler.ensure(rec.model_id)

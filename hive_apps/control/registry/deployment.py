@@ -49,13 +49,21 @@ from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.core.state.book import Change, ModelBook, TransitionError
 from hive_apps.core.state.ledger import DeviceState, Ledger, NodeState
 from hive_apps.core.state.locks import StartLocks
-from hive_apps.core.state.records import ModelRecord, Reservation, StoredModel, dump_stored, load_stored
+from hive_apps.core.state.records import (
+    AdapterRecord,
+    ModelRecord,
+    Reservation,
+    StoredModel,
+    dump_stored,
+    load_stored,
+)
 from hive_apps.core.state.transitions import Deleted, Transition, rule_of
 from hive_apps.ops import metrics
 
 log = logging.getLogger("ray.serve")
 
 MODEL_KEY = "model/"
+ADAPTER_KEY = "adapter/"  # a LoRA adapter's record, one key each (``AdapterRecord``)
 RESERVATION_KEY = "reservation/"  # an older registry's reservations: read once at start, then deleted
 START_LOCKS_KEY = "start-locks"
 SAMPLE_TIMEOUT_S = 60.0
@@ -69,6 +77,7 @@ class Outcome(BaseModel):
     record: ModelRecord | None = None
     message: str = ""
     status_code: int = 200
+    adapter: AdapterRecord | None = None  # an adapter's transition: its record as it is now
 
 
 class BookView(BaseModel):
@@ -76,6 +85,7 @@ class BookView(BaseModel):
 
     version: int
     models: list[ModelRecord]
+    adapters: list[AdapterRecord] = []  # the LoRA adapters, whatever state their bases are in
 
 
 class StartLockState(BaseModel):
@@ -96,7 +106,8 @@ class Registry:
         self.store = StateStore(self.cluster, self.settings.state_namespace, self.settings.kv_timeout_s)
         load = self.store.load_all_async
         stored = await load(MODEL_KEY, lambda raw: load_stored(raw, self.settings))
-        self.book = ModelBook(self.ledger, [s.record for s in stored])
+        adapters = await load(ADAPTER_KEY, AdapterRecord.model_validate_json)
+        self.book = ModelBook(self.ledger, [s.record for s in stored], adapters)
         # Followers long-poll with the last version they saw; a restarted registry starts past any
         # version its predecessor reached (the clock in ms; a change takes longer than 1 ms).
         self.book.version = int(time.time() * 1000)  # real time, whatever the clock: it orders processes
@@ -118,8 +129,9 @@ class Registry:
         self.changed = asyncio.Condition()
         self.last_sample_at = 0.0
         self._loop_task = asyncio.get_running_loop().create_task(self._monitor_loop())
-        log.info("registry up: %d models, %d reservations, %d start locks restored",
-                 len(self.book.records), len(self.ledger.reservations), len(self.start_locks.held))
+        log.info("registry up: %d models, %d adapters, %d reservations, %d start locks restored",
+                 len(self.book.records), len(self.book.adapters), len(self.ledger.reservations),
+                 len(self.start_locks.held))
 
     # --- persistence and announcements -------------------------------------------------
     async def _persist(self, changes: list[Change]) -> None:
@@ -127,10 +139,17 @@ class Registry:
         puts: dict[str, BaseModel | bytes] = {}
         deletes: list[str] = []
         for c in changes:
-            if c.record is not None:
+            if not c.model:
+                pass
+            elif c.record is not None:
                 puts[MODEL_KEY + c.model_id] = dump_stored(c.record, c.reservations)
             elif c.model_id not in self.book.records:
                 deletes.append(MODEL_KEY + c.model_id)
+            for name, adapter in c.adapters.items():
+                if adapter is not None:
+                    puts[ADAPTER_KEY + name] = adapter
+                elif name not in self.book.adapters:
+                    deletes.append(ADAPTER_KEY + name)
         await self.store.write(puts, deletes)
         await self._announce()
 
@@ -263,6 +282,12 @@ class Registry:
     async def list_models(self) -> list[ModelRecord]:
         return self.book.list()
 
+    async def get_adapter(self, model_id: str) -> AdapterRecord | None:
+        return self.book.get_adapter(model_id)
+
+    async def list_adapters(self) -> list[AdapterRecord]:
+        return self.book.list_adapters()
+
     async def watch(self, after: int = -1, timeout_s: float = 30.0) -> BookView:
         """Every record, as soon as the book's version is past ``after`` (or at the timeout).
 
@@ -274,7 +299,7 @@ class Registry:
                                        min(max(timeout_s, 0.0), WATCH_MAX_S))
             except TimeoutError:
                 pass
-        return BookView(version=self.book.version, models=self.book.list())
+        return BookView(version=self.book.version, models=self.book.list(), adapters=self.book.list_adapters())
 
     async def transition(self, msg: Transition) -> Outcome:
         """Apply one asked-for transition (``core/state/transitions.py``: the messages and their table)."""
@@ -292,13 +317,14 @@ class Registry:
         try:
             change = getattr(self.book, rule.method)(**kwargs)
         except TransitionError as e:
-            return Outcome(ok=False, record=self.book.get(model_id), message=e.message, status_code=e.status_code)
+            return Outcome(ok=False, record=self.book.get(model_id), message=e.message, status_code=e.status_code,
+                           adapter=self.book.get_adapter(model_id))
         if isinstance(msg, Deleted):
             self.start_locks.release(model_id)
             await self._save_start_locks()
         await self._persist([change])
         self.publisher.on_transition(rule.method, before, change.record, kwargs)
-        return Outcome(ok=True, record=change.record)
+        return Outcome(ok=True, record=change.record, adapter=change.adapters.get(model_id))
 
     # --- reservations and start locks --------------------------------------------------
     async def report_usage(self, key: str, measured_bytes: int) -> None:

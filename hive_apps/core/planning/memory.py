@@ -8,8 +8,9 @@ The model follows how vLLM 0.32's V1 engine sizes itself on a CUDA GPU
               + runtime buffers (cuBLAS/attention workspaces, NCCL when TP > 1)
               + activation peak (max_num_batched_tokens, max_num_seqs, vocab,
                                  multimodal encoder budget: worst-case items through the tower)
-              + CUDA graph pool (0 with enforce_eager, and on CPU)
+              + CUDA graph pool (0 with enforce_eager, and on CPU; per-graph term doubled with LoRA)
               + KV cache (the explicit kv_cache_memory_bytes)
+              + LoRA slots and punica buffers, with ``lora`` (``lora.py``; on CPU its adapter cache too)
 
 Everything but the context sits inside ``gpu_memory_utilization x total``. On a CPU device the
 same terms live in host RAM, without context or graphs, plus the resident size of the engine's
@@ -26,8 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from hive_apps.core.planning.lora import lora_memory
 from hive_apps.core.planning.profile import ModelProfile
 from hive_apps.core.planning.types import MemoryBreakdown
+from hive_apps.core.spec import LoraSpec
 
 KIB = 1024
 MIB = 1024**2
@@ -230,13 +233,14 @@ class Frame:
 
     __slots__ = ("on_cpu", "tp", "tokens", "ranks", "weights", "context", "inside", "act_base",
                  "logits_per_seq", "per_seq", "block", "eager", "profile", "graph_width", "max_model_len",
-                 "encoder_item")
+                 "encoder_item", "lora")
 
     def __init__(self, profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int,
                  max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
                  hybrid_manager: bool = True, vllm_kwargs: dict[str, Any] | None = None,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, lora: LoraSpec | None = None) -> None:
         self.profile = profile
+        self.lora = lora
         self.on_cpu = on_cpu
         self.tp = tp
         self.tokens = max_num_batched_tokens
@@ -262,7 +266,7 @@ class Frame:
         if self.on_cpu or self.eager:
             return 0
         cap = max(1, min(2 * seqs, 512, self.tokens))
-        n = cuda_graph_sizes(seqs, self.tokens)
+        n = cuda_graph_sizes(seqs, self.tokens) * (2 if self.lora is not None else 1)  # cudagraph_specialize_lora
         return (CUDA_GRAPH_BASE_BYTES + n * self.profile.num_layers * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH
                 + int(cap * self.graph_width))
 
@@ -272,17 +276,24 @@ class Frame:
             act += encoder_items(self.profile, self.tokens, max(1, seqs), self.max_model_len) * self.encoder_item
         return act
 
+    def lora_bytes(self, seqs: int) -> int:
+        """Per device: what ``lora`` adds (0 without it)."""
+        if self.lora is None:
+            return 0
+        lm = lora_memory(self.profile, self.lora, tp=self.tp, tokens=self.tokens, seqs=seqs, on_cpu=self.on_cpu)
+        return lm.on_device(self.ranks, self.on_cpu)
+
     def total(self, seqs: int, kv_bytes: int | None = None) -> int:
         """memory.total per device (kv_bytes: per rank, None = sized for ``seqs``)."""
         kv = self.kv_bytes(seqs) if kv_bytes is None else kv_bytes
         return (self.weights + self.context + self.inside + self.graphs(seqs)
-                + (self.activations(seqs) + kv) * self.ranks)
+                + (self.activations(seqs) + kv) * self.ranks + self.lora_bytes(seqs))
 
     def estimate(self, seqs: int, kv_bytes: int | None = None) -> MemoryEstimate:
         kv = self.kv_bytes(seqs) if kv_bytes is None else kv_bytes
         memory = MemoryBreakdown(weights=self.weights, kv_cache=kv * self.ranks,
                                  activations=self.activations(seqs) * self.ranks,
-                                 overhead=self.context + self.inside + self.graphs(seqs))
+                                 overhead=self.context + self.inside + self.graphs(seqs), lora=self.lora_bytes(seqs))
         return MemoryEstimate(memory=memory, context_bytes=self.context, kv_per_sequence=self.per_seq * self.ranks,
                               kv_block_bytes=self.block * self.ranks)
 
@@ -290,12 +301,13 @@ class Frame:
 def estimate(profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, enforce_eager: bool, block_size: int,
              kv_bytes: int | None = None, hybrid_manager: bool = True,
-             vllm_kwargs: dict[str, Any] | None = None, prefix_caching: bool = True) -> MemoryEstimate:
+             vllm_kwargs: dict[str, Any] | None = None, prefix_caching: bool = True,
+             lora: LoraSpec | None = None) -> MemoryEstimate:
     """The full breakdown for one device of one replica (kv_bytes: per rank)."""
     frame = Frame(profile, tp=tp, on_cpu=on_cpu, max_model_len=max_model_len,
                   max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
                   block_size=block_size, hybrid_manager=hybrid_manager, vllm_kwargs=vllm_kwargs,
-                  prefix_caching=prefix_caching)
+                  prefix_caching=prefix_caching, lora=lora)
     return frame.estimate(max_num_seqs, kv_bytes)
 
 

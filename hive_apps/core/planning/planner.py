@@ -94,6 +94,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hive_apps.core.planning.lora import lora_problem
 from hive_apps.core.planning.memory import human_bytes
 from hive_apps.core.planning.packing import joint_slot
 from hive_apps.core.planning.parsers import apply_choice, choose_parsers, read_chat_template
@@ -131,6 +132,8 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
             f"{spec.model!r} is quantized with {quant.method!r} ({quant.weight_format}), which vLLM 0.32 does not "
             "support (its quantization methods include fp8, gptq, awq, compressed-tensors, modelopt, mxfp4); "
             "use a checkpoint in one of those formats, or engine 'sim' to plan it anyway", 422)
+    if spec.lora is not None and (problem := lora_problem(profile)):
+        raise PlanningError(f"lora: {problem}", 422)
     parsers = choose_parsers(model_type=profile.model_type, model=spec.model, user=engine_kwargs, runner=profile.runner,
                              template=engine_kwargs.get("chat_template") or read_chat_template(profile.path))
     engine_kwargs = apply_choice(engine_kwargs, parsers)
@@ -192,6 +195,8 @@ def plan_deployment(spec: ModelSpec, devices: list[DeviceCapacity], profile: Mod
                            f"{sizer.default_seqs} sequences per "
                            "replica (max_num_seqs " + ", ".join(str(r.settings.max_num_seqs) for r in replicas)
                            + "); set max_concurrency to size it for more")
+    if spec.lora is not None:  # what LoRA books, once per kind of replica, in the model's own notes
+        sizer.notes.extend(dict.fromkeys(n for r in replicas for n in r.notes if n.startswith("lora:")))
     return Plan(model_id=spec.model_id, model=spec.model, engine=spec.engine.value,
                 profile=profile.summary(), replicas=replicas, rejected=rejected,
                 notes=list(profile.notes) + parsers.notes + sizer.notes + policy_notes + [n for n in [legacy_task(spec.vllm_kwargs)[1]] if n],

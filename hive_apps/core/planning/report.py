@@ -25,18 +25,22 @@ def render_plan_table(plan: Plan) -> str:
     head = (f"{plan.model_id}: {p.architecture} ({p.model_type}, {p.runner}, {p.dtype}), "
             f"{p.num_params / 1e9:.2f}B params, weights {human_bytes(p.weight_bytes)}, "
             f"KV {human_bytes(p.kv_bytes_per_token)}/token, engine {plan.engine}")
+    lora = any(r.memory.lora for r in plan.replicas)  # a LoRA column only for a base that serves adapters
+    columns = _COLUMNS[:12] + ("LoRA",) + _COLUMNS[12:] if lora else _COLUMNS
     rows = []
     for r in plan.replicas:
         s, m = r.settings, r.memory
-        rows.append((
+        row = (
             names.replica_label(r.index), ",".join(r.devices), str(s.tensor_parallel_size), str(s.max_num_seqs),
             str(s.max_num_batched_tokens), str(s.max_model_len), f"{s.gpu_memory_utilization:.3f}",
             f"{s.kv_cache_memory_bytes} ({human_bytes(s.kv_cache_memory_bytes)})", human_bytes(m.weights),
             human_bytes(m.kv_cache), human_bytes(m.activations), human_bytes(m.overhead), human_bytes(m.total),
             f"{r.expected_tokens_per_s:.0f}" if r.expected_tokens_per_s is not None else "-",
-        ))
-    parts = [head, _table(_COLUMNS, rows)]
-    notes = list(plan.notes) + [f"{names.replica_label(r.index)}: {n}" for r in plan.replicas for n in r.notes]
+        )
+        rows.append(row[:12] + (human_bytes(m.lora),) + row[12:] if lora else row)
+    parts = [head, _table(columns, rows)]
+    notes = list(plan.notes) + [f"{names.replica_label(r.index)}: {n}" for r in plan.replicas for n in r.notes
+                                if not (n.startswith("lora:") and n in plan.notes)]  # said once for the model
     if notes:
         parts.append("notes:\n" + "\n".join(f"  - {n}" for n in notes))
     if plan.rejected:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning import memory as mem
+from hive_apps.core.planning.lora import lora_memory
 from hive_apps.core.planning.memory import human_bytes
 from hive_apps.core.planning.placement import Placement, capacity, dtype_note, fp8_fallback_note
 from hive_apps.core.planning.profile import ModelProfile
@@ -255,7 +256,7 @@ class Sizer:
                               max_num_batched_tokens=tokens, enforce_eager=self.eager(on_cpu),
                               block_size=self.profile.block_size(on_cpu, self.ov.block_size, tp),
                               hybrid_manager=self.hybrid, vllm_kwargs=self.kwargs,
-                              prefix_caching=self.prefix_caching)
+                              prefix_caching=self.prefix_caching, lora=self.spec.lora)
             self._frames[key] = frame
         return frame
 
@@ -322,6 +323,9 @@ class Sizer:
         if self.spec.can_sleep and self.spec.engine is EngineKind.VLLM and devs[0].device.kind is DeviceKind.GPU:
             engine_kwargs["enable_sleep_mode"] = True  # it sleeps in place (level 1 or 2) instead of parking
         notes = list(placement.notes)
+        if self.spec.lora is not None:
+            engine_kwargs.update(self.spec.lora.engine_kwargs())
+            notes.append(self._lora_note(on_cpu, tp, choice))
         if self.seq_target is not None and choice.seqs < self.seq_target:
             notes.append(f"max_concurrency={self.demand} asks {self.seq_target} sequences of this replica; "
                          f"{choice.seqs} fit on {', '.join(dc.device.id for dc in devs)} (the rest queue): add "
@@ -336,6 +340,19 @@ class Sizer:
             settings=settings, memory=choice.estimate.memory, reservation_bytes=choice.estimate.memory.total,
             engine_kwargs=engine_kwargs, expected_tokens_per_s=round(choice.score, 1), notes=notes,
         )
+
+    def _lora_note(self, on_cpu: bool, tp: int, choice: _Choice) -> str:
+        """What the plan books for LoRA on each device, and what it leaves to the node's host RAM."""
+        lora = self.spec.lora
+        assert lora is not None
+        lm = lora_memory(self.profile, lora, tp=tp, tokens=choice.tokens, seqs=choice.seqs, on_cpu=on_cpu)
+        ranks = mem.ranks_on_device(on_cpu, tp)
+        cache = (f"and its cache of {lora.cpu_loras} adapters {human_bytes(lm.cpu_cache)} in the same RAM" if on_cpu
+                 else f"its cache of {lora.cpu_loras} adapters takes up to {human_bytes(lm.cpu_cache)} of the node's "
+                      "host RAM (not booked)")
+        return (f"lora: {lora.max_loras} slots of rank {lora.max_lora_rank} {human_bytes(lm.slots_per_rank * ranks)} + "
+                f"punica buffers {human_bytes(lm.punica_per_rank * ranks)} booked per device, {cache}; one adapter of "
+                f"that rank on every module is {human_bytes(lm.adapter_bytes)}")
 
     # ---- the search -----------------------------------------------------------------
 
@@ -476,11 +493,12 @@ class Sizer:
         why = f" with vllm_kwargs {', '.join(fixed)}" if fixed else ""
         ids = ", ".join(dc.device.id for dc in devs)
         m = est.memory
+        lora = f", LoRA {human_bytes(m.lora)}" if m.lora else ""
         return PlanningError(
             f"{self.spec.model_id!r} does not fit on {ids}{why}: the smallest plan (max_num_seqs={seqs}, "
             f"max_num_batched_tokens={tokens}, max_model_len={self.max_model_len}, tensor_parallel_size={tp}) needs "
             f"{human_bytes(need)} per device (weights {human_bytes(m.weights)}, KV {human_bytes(m.kv_cache)}, "
-            f"activations {human_bytes(m.activations)}, overhead {human_bytes(m.overhead)}) but it can give "
+            f"activations {human_bytes(m.activations)}, overhead {human_bytes(m.overhead)}{lora}) but it can give "
             f"{human_bytes(cap)}: short by {human_bytes(need - cap)} ({need - cap} bytes)", 422)
 
     # ---- throughput -----------------------------------------------------------------

@@ -38,10 +38,11 @@ class MemoryBreakdown(BaseModel):
     kv_cache: int
     activations: int
     overhead: int  # CUDA context, CUDA graphs, runtime buffers (CPU: process overhead)
+    lora: int = 0  # LoRA slots and punica buffers (on a CPU device also its adapter cache): core/planning/lora.py
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.overhead
+        return self.weights + self.kv_cache + self.activations + self.overhead + self.lora
 
 
 class ReplicaPlan(BaseModel):

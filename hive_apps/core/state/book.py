@@ -16,7 +16,8 @@ for one with a typed message; ``core/state/transitions.py`` maps each onto its m
     heal          degraded (not retiring ones)  healing                 admin: replacements placed
     heal_failed   healing                       degraded                admin: a replacement failed
     note          any                           (same)                  admin: a message, a back-off
-    delete        any                           deleting                admin: DELETE /models/{id}
+    delete        any (adapters on it: refused  deleting                admin: DELETE /models/{id}
+                  unless cascade or kept)
     deleted       deleting                      (removed) | destroyed   admin: its engines stop (the app goes next)
     sleep         ready | degraded              sleeping, none retiring admin: idle past sleep_timeout, or evicted
     doze          sleeping (resident)           (same), level 1 or 2    admin: drained; its engines can sleep
@@ -33,6 +34,9 @@ for one with a typed message; ``core/state/transitions.py`` maps each onto its m
                                                 only if others are lost
     respec        any but deleting | ended      (same), new spec        admin: PUT /models/{id}, declared models
                                                 and origin              (only changes that need no new engines)
+    create_adapter  (an adapter: the base any   an adapter record       admin: POST /adapters
+                    but deleting | ended, lora)
+    delete_adapter  (an adapter)                (removed)               admin: DELETE /adapters/{id}
     node_lost     any                           degraded where serving  registry: a node died (a retiring replica
                                                                         only waits for ``retired``)
     drift         any                           (same)                  registry: measured vs reserved
@@ -54,6 +58,8 @@ from hive_apps.core.state.records import (
     ENDED,
     SERVING,
     STARTING,
+    AdapterDeletion,
+    AdapterRecord,
     ModelRecord,
     ModelStatus,
     Origin,
@@ -88,6 +94,9 @@ class Change:
     forgotten: list[str] = field(default_factory=list)  # reservation keys released by it
     # every reservation the model holds after the change, as the ledger had them then
     reservations: list[Reservation] = field(default_factory=list)
+    # adapters it created, changed (the record) or removed (None), each stored under its own key
+    adapters: dict[str, AdapterRecord | None] = field(default_factory=dict)
+    model: bool = True  # it changed the model ``model_id`` (False: adapters only)
 
 
 def heal_backoff_s(attempts: int, cap_s: float) -> float:
@@ -96,9 +105,11 @@ def heal_backoff_s(attempts: int, cap_s: float) -> float:
 
 
 class ModelBook:
-    def __init__(self, ledger: Ledger, records: list[ModelRecord] | None = None):
+    def __init__(self, ledger: Ledger, records: list[ModelRecord] | None = None,
+                 adapters: list[AdapterRecord] | None = None):
         self.ledger = ledger
         self.records: dict[str, ModelRecord] = {r.model_id: r for r in records or []}
+        self.adapters: dict[str, AdapterRecord] = {a.model_id: a for a in adapters or []}
         self.version = 0  # of the whole book: goes up with every change (watchers wait on it)
 
     # --- reading ----------------------------------------------------------------------------
@@ -108,6 +119,16 @@ class ModelBook:
 
     def list(self) -> list[ModelRecord]:
         return [r.model_copy(deep=True) for r in sorted(self.records.values(), key=lambda r: r.created_at)]
+
+    def get_adapter(self, model_id: str) -> AdapterRecord | None:
+        rec = self.adapters.get(model_id)
+        return rec.model_copy(deep=True) if rec is not None else None
+
+    def list_adapters(self) -> builtins.list[AdapterRecord]:
+        return [a.model_copy(deep=True) for a in sorted(self.adapters.values(), key=lambda a: a.created_at)]
+
+    def adapters_of(self, base: str) -> builtins.list[str]:
+        return sorted(a.model_id for a in self.adapters.values() if a.base == base)
 
     def device_states(self) -> builtins.list[DeviceState]:
         """Each device as the ledger sees it, plus what parked models would need back there
@@ -199,6 +220,9 @@ class ModelBook:
         if existing is not None and existing.status not in ENDED:
             raise TransitionError(f"model_id {record.model_id!r} is already {existing.status.value}; "
                                   "DELETE /admin/models/{id} first or choose another model_id")
+        if record.model_id in self.adapters:
+            raise TransitionError(f"model_id {record.model_id!r} is a LoRA adapter's name; DELETE "
+                                  "/admin/adapters/{id} first or choose another model_id")
         try:
             self.ledger.reserve(reservations)
         except ReservationError as e:
@@ -308,13 +332,56 @@ class ModelBook:
             rec.next_heal_at = next_heal_at
         return self._commit(rec)
 
-    def delete(self, model_id: str) -> Change:
-        """Delete wins over anything in flight: no version check; deleting twice is one delete."""
+    def delete(self, model_id: str, adapters: AdapterDeletion = AdapterDeletion.REFUSE) -> Change:
+        """Delete wins over anything in flight: no version check; deleting twice is one delete. A base
+        with adapters: refused (409), or its adapters removed with it (``cascade``), or kept (``keep``)."""
         rec = self._current(model_id, "delete", None, ANY)
+        on_it = self.adapters_of(model_id)
+        if on_it and adapters is AdapterDeletion.REFUSE:
+            raise TransitionError(f"delete: {model_id!r} serves the LoRA adapters {on_it}; DELETE them first "
+                                  "(DELETE /admin/adapters/{id}) or delete them with it (?cascade=true)")
+        gone: dict[str, AdapterRecord | None] = {}
+        if adapters is AdapterDeletion.CASCADE:
+            for a in on_it:
+                del self.adapters[a]
+                gone[a] = None
         if rec.status is ModelStatus.DELETING and not rec.destroy_reason:
-            return self._same(rec)
-        rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "stopping its engines, then releasing its reservations", ""
-        return self._commit(rec)
+            change = self._same(rec)
+            self.version += 1 if gone else 0  # followers must see the adapters go
+        else:
+            rec.status, rec.message, rec.destroy_reason = ModelStatus.DELETING, "stopping its engines, then releasing its reservations", ""
+            change = self._commit(rec)
+        change.adapters = gone
+        return change
+
+    # --- LoRA adapters --------------------------------------------------------------------
+    def create_adapter(self, record: AdapterRecord, now: float) -> Change:
+        """A new adapter on a base that serves LoRA: its name must be free among models and adapters."""
+        name, base = record.model_id, record.base
+        if name in self.adapters:
+            raise TransitionError(f"create_adapter: {name!r} is already an adapter (on {self.adapters[name].base!r}); "
+                                  "DELETE /admin/adapters/{id} first or choose another model_id")
+        model = self.records.get(name)
+        if model is not None and model.status not in ENDED:
+            raise TransitionError(f"create_adapter: {name!r} is a model's name; choose another model_id")
+        rec = self.records.get(base)
+        if rec is None or rec.status in ENDED:
+            raise TransitionError(f"create_adapter: no model {base!r} to serve it; GET /admin/models lists them", 404)
+        if rec.status is ModelStatus.DELETING:
+            raise TransitionError(f"create_adapter: {base!r} is being deleted")
+        if rec.spec.lora is None:
+            raise TransitionError(f"create_adapter: {base!r} was deployed without lora", 422)
+        self.version += 1
+        stored = record.model_copy(deep=True, update={"created_at": now, "version": self.version})
+        self.adapters[name] = stored
+        return Change(name, None, adapters={name: stored.model_copy(deep=True)}, model=False)
+
+    def delete_adapter(self, model_id: str) -> Change:
+        if model_id not in self.adapters:
+            raise TransitionError(f"delete_adapter: no adapter {model_id!r}; GET /admin/adapters lists them", 404)
+        del self.adapters[model_id]
+        self.version += 1
+        return Change(model_id, None, adapters={model_id: None}, model=False)
 
     def deleted(self, model_id: str, version: int) -> Change:
         rec = self._current(model_id, "deleted", version, (ModelStatus.DELETING,))

@@ -33,6 +33,7 @@ _RESTART_WHY = {
     "gpu": "where the replicas are placed",
     "allocation": "how the replicas were placed",
     "max_queued_requests": "the queue bound is fixed when the model's router builds its replica set",
+    "lora": "vLLM's LoRA slots (enable_lora, max_loras, max_lora_rank, max_cpu_loras) are engine arguments",
 }
 
 

@@ -20,6 +20,7 @@ from hive_apps.core import names
 from hive_apps.core.devices import host_id
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import SETTINGS, ModelSpec
+from hive_apps.core.weights.types import Manifest
 
 if TYPE_CHECKING:
     from hive_apps.core.settings import HiveSettings
@@ -359,6 +360,38 @@ class ModelRecord(BaseModel):
     @property
     def holds_memory(self) -> bool:
         return self.resident and self.status in HOLDING
+
+
+class AdapterRecord(BaseModel):
+    """One LoRA adapter as the registry owns it (``POST /admin/adapters``): stored under its own key,
+    served by its base's engines, which load it on demand (``serving/engine/adapters.py``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model_id: str  # the adapter's name on /v1
+    base: str  # the model_id of the model it runs on
+    source: str  # as the deploy named it
+    weights: Manifest  # the files and revision every replica loads (pinned at deploy)
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    base_model_name: str | None = None  # adapter_config.json's base_model_name_or_path
+    bytes: int = 0  # of its tensors
+    version: int = 0  # the book's version when it was created: never the same twice (``ModelBook.create_adapter``)
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def revision_key(self) -> str:
+        """What identifies this adapter's weights on an engine: a new deploy under the same name (or new
+        files at the source) is another key, and the engine loads it again."""
+        return f"{self.weights.key}@{self.weights.revision}@v{self.version}"
+
+
+class AdapterDeletion(str, Enum):
+    """What deleting a base does to its adapters."""
+
+    REFUSE = "refuse"  # 409 while it has any (DELETE /admin/models/{id})
+    CASCADE = "cascade"  # they go with it (?cascade=true, DELETE /admin/models)
+    KEEP = "keep"  # they stay for the base that comes back (a recreate; a declared model dropped from the config)
 
 
 # ModelSpec's fields and types without its validators or constraints: how a stored spec that today's

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import ModelSpec
-from hive_apps.core.state.records import ModelRecord, Origin, Reservation
+from hive_apps.core.state.records import AdapterDeletion, AdapterRecord, ModelRecord, Origin, Reservation
 
 
 class Transition(BaseModel):
@@ -80,7 +80,17 @@ class Note(Versioned):
 
 
 class Delete(Transition):
-    pass
+    adapters: AdapterDeletion = AdapterDeletion.REFUSE  # what happens to the adapters on it
+
+
+class CreateAdapter(Transition):
+    """``POST /admin/adapters``: a new adapter on a base with ``lora`` (``model_id``: the adapter's)."""
+
+    record: AdapterRecord
+
+
+class DeleteAdapter(Transition):
+    """``DELETE /admin/adapters/{id}``."""
 
 
 class Deleted(Versioned):
@@ -158,6 +168,7 @@ class Rule:
     needs_sample: bool = False
     by_record: bool = False
     settings: dict[str, str] = field(default_factory=dict)
+    adapter: bool = False  # it changes a LoRA adapter's record, not a model's
 
     def arguments(self, msg: Transition) -> dict[str, Any]:
         args = msg.arguments()
@@ -189,12 +200,16 @@ RULES: dict[type[Transition], Rule] = {
     Retire: Rule("retire"),
     Retired: Rule("retired"),
     Respec: Rule("respec"),
+    CreateAdapter: Rule("create_adapter", takes_now=True, by_record=True, adapter=True),
+    DeleteAdapter: Rule("delete_adapter", adapter=True),
 }
 
 # the lists of names, derived from the table
 ASKED = frozenset(r.method for r in RULES.values())  # every transition a caller may ask for
 NOW = frozenset(r.method for r in RULES.values() if r.takes_now)  # the registry adds the time
 NEEDS_SAMPLE = frozenset(r.method for r in RULES.values() if r.needs_sample)  # waits for the first sample
+ADAPTER = frozenset(r.method for r in RULES.values() if r.adapter)  # of LoRA adapters' records
+MODEL = ASKED - ADAPTER  # of model records: the lifecycle (``records.LEGAL``)
 BY_NAME: dict[str, type[Transition]] = {r.method: t for t, r in RULES.items()}
 
 

@@ -11,19 +11,20 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.ops.metrics import Publisher, TokenCount
+from hive_apps.serving.engine.adapters import AdapterCache, AdapterLoadError, with_adapters
 from hive_apps.serving.engine.http_server import EngineEndpoint, RunningServer, start_http_server
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
 from hive_apps.serving.engine.start_lock import device_lock
 
 if TYPE_CHECKING:
-    from hive_apps.core.weights.types import Manifest
+    from hive_apps.core.weights.types import FetchProgress, Manifest
 
 
 @contextlib.contextmanager
@@ -156,6 +157,12 @@ class EngineBase:
         self.last_request_at: float | None = None
         self.http: RunningServer | None = None
         self._tokens: TokenCount | None = None
+        self._adapters: AdapterCache | None = None
+        self._entry: Any = None
+        # a Hub or S3 adapter's files onto this node: its FetchProgress (tests replace it; None: this
+        # node's fetcher actor, through the cluster seam)
+        self.node_fetch: Callable[[Manifest], FetchProgress] | None = None
+        self._fetch_seam: Any = None
 
     def count_tokens(self, prompt: int, generated: int) -> None:
         """Tokens this replica's engine processed (``hive_tokens``)."""
@@ -163,10 +170,74 @@ class EngineBase:
             self._tokens = TokenCount(self.model_id, self.replica.index, self.publisher)
         self._tokens.add(prompt, generated)
 
+    @property
+    def entry(self) -> Any:
+        """What requests reach: the engine's app behind the LoRA adapter loader (``adapters.py``)."""
+        if self._entry is None:
+            self._entry = with_adapters(self.app, self.adapter_cache)
+        return self._entry
+
     async def start_http(self) -> None:
         """Open the replica's own HTTP port once the engine is ready (``serving/engine/http_server.py``)."""
         if self.settings.engine_http:
-            self.http = await start_http_server(self.app, self._count_request, self.load, self.settings.engine_port_range)
+            self.http = await start_http_server(self.entry, self._count_request, self.load, self.settings.engine_port_range)
+
+    # --- LoRA adapters (serving/engine/adapters.py) -------------------------------------------
+    def adapter_cache(self) -> AdapterCache | None:
+        """The replica's adapters; None when its base was deployed without lora."""
+        kw = self.replica.engine_kwargs
+        if self._adapters is None and kw.get("enable_lora"):
+            self._adapters = AdapterCache(int(kw.get("max_cpu_loras") or kw.get("max_loras") or 1),
+                                          self._load_adapter, self._unload_adapter, self.adapter_folder,
+                                          model_id=self.model_id, replica=self.replica.index, publisher=self.publisher)
+        return self._adapters
+
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        raise AdapterLoadError(400, f"this engine cannot load LoRA adapters ({name!r})")
+
+    async def _unload_adapter(self, name: str) -> None:
+        pass
+
+    async def unload_adapter(self, name: str) -> bool:
+        """The admin deleted this adapter: unload it here (after its requests in flight). Whether it was loaded."""
+        cache = self.adapter_cache()
+        return await cache.forget(name) if cache is not None else False
+
+    async def adapter_folder(self, manifest: Manifest) -> str:
+        """The adapter's folder on this node: a folder source in place; a Hub or S3 one in this node's
+        weight cache, asked of the node's fetcher (which evicts nothing for it) until it is there."""
+        from hive_apps.core.weights.types import FetchState, SourceKind
+
+        if manifest.source.kind is not SourceKind.LOCAL:
+            fetch = self.node_fetch or self._fetch_on_node
+            while True:
+                progress = await asyncio.to_thread(fetch, manifest)
+                if progress.state is FetchState.READY:
+                    break
+                if progress.state is FetchState.FAILED:
+                    raise AdapterLoadError(502, f"fetching the adapter from {manifest.source} onto this node failed: "
+                                                f"{progress.error}")
+                await asyncio.sleep(0.25)
+        else:  # a folder on every node (a shared volume), read in place
+            folder = Path(manifest.source.location)
+            if not (folder / "adapter_config.json").is_file():
+                raise AdapterLoadError(404, f"the adapter's folder {folder} (adapter_config.json) is not on this node; "
+                                            "a folder source must be on every node that serves it")
+            return str(folder)
+        try:
+            return weights_folder(manifest, self.settings.weights_cache)
+        except Exception as e:  # a cache entry gone meanwhile
+            raise AdapterLoadError(500, f"the adapter's files in this node's cache: {e}") from None
+
+    def _fetch_on_node(self, manifest: Manifest) -> FetchProgress:
+        from hive_apps.control.cluster import RayCluster
+
+        cluster = self._fetch_seam
+        if cluster is None:  # the fetchers live in the hive's namespace (this process's seam may have none)
+            cluster = self._fetch_seam = RayCluster(namespace=self.settings.state_namespace)
+        node = self.replica.node_id
+        keep = {e.key for e in cluster.fetcher_call(node, "entries")}  # an adapter makes room by evicting nothing
+        return cluster.fetcher_call(node, "ensure", manifest, keep)
 
     def _count_request(self, delta: int) -> None:
         """A request came (+1) or finished (-1): both move the idle clock the lifecycle reads."""
@@ -198,7 +269,7 @@ class EngineBase:
     async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         self._count_request(1)
         try:
-            async for item in call_asgi(self.app, req):
+            async for item in call_asgi(self.entry, req):
                 yield item
         finally:
             self._count_request(-1)
@@ -289,6 +360,8 @@ class EngineBase:
         raise NotImplementedError
 
     def info(self) -> dict[str, Any]:
+        adapters = self._adapters.view() if self._adapters is not None else None
         return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
                 "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
-                "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None)}
+                "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None),
+                "adapters": adapters}

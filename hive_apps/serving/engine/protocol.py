@@ -16,6 +16,20 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hive_apps.core.buckets import TTFT_BOUNDS_S
+from hive_apps.core.weights.types import Manifest
+
+ADAPTER_HEADER = "x-hive-adapter"
+"""Set by the gateway and routers on a request whose ``model`` is a LoRA adapter: the ``AdapterRef`` the
+engine loads before it serves it. Clients cannot set it: only PASSED_HEADERS (``routing/http.py``) of a
+client's request reach an engine."""
+
+
+class AdapterRef(BaseModel):
+    """Which adapter a request needs, and where its files are: what an engine loads on demand."""
+
+    model_id: str  # the adapter's name (the request's ``model``)
+    weights: Manifest  # its pinned files: the engine's node cache holds them (or its fetcher gets them)
+    revision_key: str  # changes when the adapter is deployed again: the engine then loads it anew
 
 
 class ForwardedRequest(BaseModel):

@@ -50,6 +50,7 @@ from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.weights.types import Manifest
 from hive_apps.ops.metrics import Publisher
+from hive_apps.serving.engine.adapters import AdapterLoadError
 from hive_apps.serving.engine.base import EngineBase, weights_folder
 from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
@@ -161,6 +162,11 @@ class SimEngine(EngineBase):
             raise RuntimeError("simulated engine start failure (sim_fail_start=true)")
         self.start_ended = time.time()
 
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        """A simulated LoRA load: the adapter's files must be there, as vLLM reads them."""
+        if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            raise AdapterLoadError(404, f"LoRA adapter {name!r}: no adapter_config.json in {folder}")
+
     def can_sleep(self) -> bool:
         return self.replica.device_kind.is_gpu and self.replica.engine_kwargs.get("sim_sleep_mode", True)
 
@@ -247,7 +253,7 @@ class SimEngine(EngineBase):
                 err = e.errors()[0]
                 field = ".".join(str(p) for p in err["loc"])
                 return openai_error(400, f"{field}: {err['msg']}", param=field)
-            if body.get("model") not in (None, engine.model_id):
+            if body.get("model") not in (None, engine.model_id, *(engine._adapters.loaded if engine._adapters else ())):
                 return openai_error(404, f"The model `{body.get('model')}` does not exist.", param="model")
             return body
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.weights.types import Manifest
+from hive_apps.serving.engine.adapters import AdapterLoadError
 from hive_apps.serving.engine.base import EngineBase, restore_node_environment, serve_log_file_kept, weights_folder
 from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
@@ -149,6 +150,26 @@ class VLLMEngine(EngineBase):
         log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
                  model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
         await self.start_http()
+
+    # --- LoRA adapters: vLLM's own runtime loading, in-process (never its HTTP route) -----------
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        models = self.app.state.openai_serving_models
+        result = await models.load_lora_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=folder))
+        if isinstance(result, ErrorResponse):
+            raise AdapterLoadError(result.error.code, f"vLLM could not load LoRA adapter {name!r}: {result.error.message}")
+
+    async def _unload_adapter(self, name: str) -> None:
+        """Out of vLLM's OpenAI layer (the name stops resolving) and out of the workers' LoRA cache."""
+        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+
+        models = self.app.state.openai_serving_models
+        lora = models.lora_requests.get(name)
+        await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+        if lora is not None:
+            await self.engine.remove_lora(lora.lora_int_id)
 
     def load(self) -> EngineLoad:
         return EngineLoad(

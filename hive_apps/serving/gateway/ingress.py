@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from hive_apps.control.cluster import Cluster
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.settings import HiveSettings
-from hive_apps.core.state.records import LISTED, SERVING, ModelRecord
+from hive_apps.core.state.records import LISTED, SERVING, AdapterRecord, ModelRecord
 from hive_apps.ops.metrics import Publisher
 from hive_apps.serving import request_ids
 from hive_apps.serving.engine.protocol import ForwardedRequest
@@ -27,8 +27,12 @@ from hive_apps.serving.routing.follow import (
     FIRST_VIEW_TIMEOUT_S,
     ModelReplicas,
     NewModelLookup,
+    adapter_object,
     follow_registry,
+    listed_adapters,
+    mark_adapter,
     model_object,
+    registry_adapter,
     registry_record,
 )
 from hive_apps.serving.routing.hold import WakeHold, gone_message, wake_asker
@@ -53,8 +57,12 @@ class GatewayApp(OpenAIEntry):
         self.hold = WakeHold(settings, wake_asker(cluster), entry="gateway", clock=clock, replicas=replicas,
                              publisher=publisher)
         self._new_models = NewModelLookup(lambda model_id: registry_record(model_id, cluster))
+        self._adapters: dict[str, AdapterRecord] = {}  # LoRA adapters, served by their bases' replicas
+        self._new_adapters: NewModelLookup[AdapterRecord] = NewModelLookup(
+            lambda name: registry_adapter(name, cluster), usable=lambda a: True)
         self._seen = asyncio.Event()
-        self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models, cluster))
+        self._follower = asyncio.get_event_loop().create_task(
+            follow_registry(self._on_models, cluster, on_adapters=self._on_adapters))
 
     async def __call__(self, scope, receive, send) -> None:
         await asgi(self, scope, receive, send)
@@ -63,6 +71,9 @@ class GatewayApp(OpenAIEntry):
         """Stop following the registry and close the replica sets (tests; a Serve replica just ends)."""
         self._follower.cancel()
         self._replicas.keep_only(set())
+
+    def _on_adapters(self, adapters: list[AdapterRecord]) -> None:
+        self._adapters = {a.model_id: a for a in adapters}
 
     def _on_models(self, records: list[ModelRecord]) -> None:
         self._records = {r.model_id: r for r in records}
@@ -79,10 +90,16 @@ class GatewayApp(OpenAIEntry):
     async def before_body(self, request: Request, path: str) -> Response | None:
         if is_models_list(request.method, path):
             models = await self.listed_models()
-            return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]})
+            adapters = listed_adapters(self._adapters, models)
+            return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]
+                                 + [adapter_object(a, models[a.base]) for a in adapters.values()]})
         wanted = model_object_id(request.method, path)
         if wanted is not None:
-            rec = (await self.listed_models()).get(wanted)
+            models = await self.listed_models()
+            rec = models.get(wanted)
+            adapter = listed_adapters(self._adapters, models).get(wanted)
+            if adapter is not None:
+                return JSONResponse(adapter_object(adapter, models[adapter.base]))
             if rec is None:
                 return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
             return JSONResponse(model_object(rec))
@@ -93,7 +110,12 @@ class GatewayApp(OpenAIEntry):
     async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
         assert fields.model is not None  # requires_model
         models = await self.listed_models()
-        rec = models.get(fields.model) or await self._new_models.find(fields.model)
+        rec = models.get(fields.model)
+        if rec is None:
+            adapter = self._adapters.get(fields.model) or await self._new_adapters.find(fields.model)
+            if adapter is not None:  # a LoRA adapter: its base's replicas serve it, the name kept
+                return await self._adapter_base(request, req, adapter, models)
+            rec = await self._new_models.find(fields.model)
         if rec is None:
             gone = gone_message(self._records.get(fields.model), fields.model, request_ids.of_headers(req.headers))
             known = ", ".join(models) or "none yet"
@@ -101,6 +123,18 @@ class GatewayApp(OpenAIEntry):
                                 "model")
         request.state.model = fields.model
         return rec
+
+    async def _adapter_base(self, request: Request, req: ForwardedRequest, adapter: AdapterRecord,
+                            models: dict[str, ModelRecord]) -> ModelRecord | Response:
+        """The record of the adapter's base, with the request marked for the adapter (its engine loads it)."""
+        base = models.get(adapter.base) or await self._new_models.find(adapter.base)
+        if base is None:
+            gone = gone_message(self._records.get(adapter.base), adapter.base, request_ids.of_headers(req.headers))
+            return openai_error(404, f"The model `{adapter.model_id}` is a LoRA adapter of `{adapter.base}`, which "
+                                     f"is not serving" + (f": {gone}" if gone else "."), "model")
+        mark_adapter(req, adapter)
+        request.state.model = adapter.model_id
+        return base
 
 
 def make_gateway_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[], float] = time.time,

@@ -12,17 +12,20 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from hive_apps.control.cluster import Cluster, get_cluster
 from hive_apps.core import names
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import HiveSettings
-from hive_apps.core.state.records import LISTED, ModelRecord
+from hive_apps.core.state.records import LISTED, AdapterRecord, ModelRecord
 from hive_apps.ops.metrics import Publisher
+from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef, ForwardedRequest
 from hive_apps.serving.routing.liveness import live_plan
 from hive_apps.serving.routing.replica_set import ReplicaSet, default_queue_bound
 
 log = logging.getLogger("ray.serve")
+R = TypeVar("R")
 
 WATCH_S = 30.0
 RETRY_S = 0.5
@@ -45,6 +48,23 @@ def model_object(rec: ModelRecord) -> dict:
     """A model as OpenAI's ``GET /v1/models`` lists it."""
     return {"id": rec.model_id, "object": "model", "created": int(rec.created_at), "owned_by": "ray-hive",
             "max_model_len": rec.plan.replicas[0].settings.max_model_len if rec.plan.replicas else None}
+
+
+def adapter_object(adapter: AdapterRecord, base: ModelRecord) -> dict:
+    """A LoRA adapter as ``GET /v1/models`` lists it: its base is its ``parent`` (as vLLM lists its own)."""
+    return {**model_object(base), "id": adapter.model_id, "created": int(adapter.created_at),
+            "parent": base.model_id, "root": adapter.source}
+
+
+def listed_adapters(adapters: dict[str, AdapterRecord], models: dict[str, ModelRecord]) -> dict[str, AdapterRecord]:
+    """The adapters a client may name: those whose base is listed (serving, or asleep: a request wakes it)."""
+    return {name: a for name, a in adapters.items() if a.base in models}
+
+
+def mark_adapter(req: ForwardedRequest, adapter: AdapterRecord) -> None:
+    """Tell the engine which adapter the request needs (``ADAPTER_HEADER``): it loads it before serving."""
+    ref = AdapterRef(model_id=adapter.model_id, weights=adapter.weights, revision_key=adapter.revision_key)
+    req.headers = [(k, v) for k, v in req.headers if k.lower() != ADAPTER_HEADER] + [(ADAPTER_HEADER, ref.model_dump_json())]
 
 
 class ModelReplicas:
@@ -84,23 +104,28 @@ async def registry_record(model_id: str, cluster: Cluster | None = None) -> Mode
     return await (cluster or get_cluster()).app_handle(names.REGISTRY_APP).get_model.remote(model_id)
 
 
-class NewModelLookup:
-    """Asks the registry about a model this follower has not heard of: it may be one whose deploy
-    answered ready a moment before the long-poll brought it. Bounded, so a flood of made-up names
-    is not a flood of registry calls: each call times out, a name found missing is not asked about
-    again for a while, and past LOOKUPS_PER_S the answer is the follower's own view (the long-poll
-    brings a new model within milliseconds anyway)."""
+def _listed(rec: ModelRecord) -> bool:
+    return rec.status in LISTED
 
-    def __init__(self, ask: Callable[[str], Awaitable[ModelRecord | None]] | None = None,
+
+class NewModelLookup(Generic[R]):
+    """Asks the registry about a model (or, with ``usable``, an adapter) this follower has not heard of:
+    it may be one whose deploy answered ready a moment before the long-poll brought it. Bounded, so a
+    flood of made-up names is not a flood of registry calls: each call times out, a name found missing
+    is not asked about again for a while, and past LOOKUPS_PER_S the answer is the follower's own view
+    (the long-poll brings a new model within milliseconds anyway)."""
+
+    def __init__(self, ask: Callable[[str], Awaitable[R | None]] | None = None,
                  timeout_s: float = LOOKUP_TIMEOUT_S,
                  missing_ttl_s: float = MISSING_TTL_S, max_missing: int = MISSING_MAX,
-                 per_s: float = LOOKUPS_PER_S):
-        self._ask = ask or registry_record
+                 per_s: float = LOOKUPS_PER_S, usable: Callable[[R], bool] | None = None):
+        self._ask: Callable[[str], Awaitable[R | None]] = ask or registry_record  # type: ignore[assignment]
+        self._usable: Callable[[R], bool] = usable or _listed  # type: ignore[assignment]
         self.timeout_s, self.missing_ttl_s, self.max_missing, self.per_s = timeout_s, missing_ttl_s, max_missing, per_s
         self.missing: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time it may be asked about again
         self._tokens, self._filled_at = per_s, time.monotonic()
 
-    async def find(self, model_id: str) -> ModelRecord | None:
+    async def find(self, model_id: str) -> R | None:
         """Its record when the registry lists it (serving, or sleeping: a request wakes it), else None."""
         now = time.monotonic()
         if self.missing.get(model_id, now) > now or not self._may_ask(now):
@@ -110,7 +135,7 @@ class NewModelLookup:
         except Exception as e:  # slow or restarting: the long-poll brings the model if it exists
             log.info("looking up model %.100r in the registry failed: %s", model_id, type(e).__name__)
             rec = None
-        if rec is not None and rec.status in LISTED:
+        if rec is not None and self._usable(rec):
             return rec
         self.missing[model_id] = time.monotonic() + self.missing_ttl_s
         self.missing.move_to_end(model_id)
@@ -128,8 +153,15 @@ class NewModelLookup:
         return True
 
 
-async def follow_registry(on_models: Callable[[list[ModelRecord]], None], cluster: Cluster | None = None) -> None:
-    """Call ``on_models`` with every record each time the registry's book changes."""
+async def registry_adapter(model_id: str, cluster: Cluster | None = None) -> AdapterRecord | None:
+    """One LoRA adapter's record as the registry has it now."""
+    return await (cluster or get_cluster()).app_handle(names.REGISTRY_APP).get_adapter.remote(model_id)
+
+
+async def follow_registry(on_models: Callable[[list[ModelRecord]], None], cluster: Cluster | None = None,
+                          on_adapters: Callable[[list[AdapterRecord]], None] | None = None) -> None:
+    """Call ``on_models`` with every record each time the registry's book changes (and ``on_adapters``
+    with every LoRA adapter, first)."""
     registry = (cluster or get_cluster()).app_handle(names.REGISTRY_APP)
     after = -1
     while True:
@@ -137,6 +169,8 @@ async def follow_registry(on_models: Callable[[list[ModelRecord]], None], cluste
             view = await registry.watch.remote(after, WATCH_S)
             if view.version != after:
                 after = view.version
+                if on_adapters is not None:
+                    on_adapters(view.adapters)
                 on_models(view.models)
         except asyncio.CancelledError:
             raise

@@ -21,7 +21,7 @@ from hive_apps.core import names
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import get_settings
-from hive_apps.core.state.records import LISTED, SERVING, ModelRecord, ModelStatus
+from hive_apps.core.state.records import LISTED, SERVING, AdapterRecord, ModelRecord, ModelStatus
 from hive_apps.ops import metrics
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.routing.follow import (
@@ -29,6 +29,7 @@ from hive_apps.serving.routing.follow import (
     ModelReplicas,
     NewModelLookup,
     follow_registry,
+    mark_adapter,
     model_object,
 )
 from hive_apps.serving.routing.hold import WakeHold
@@ -59,8 +60,10 @@ class Router(OpenAIEntry):
         self.hold = WakeHold(self.settings, publisher=self.publisher)
         self.replicas_of = self._sets.of
         self._first_view = asyncio.Event()  # the registry's first answer came
-        self._newer = NewModelLookup()
-        self._follower = asyncio.get_event_loop().create_task(follow_registry(self._on_models))
+        self._newer: NewModelLookup[ModelRecord] = NewModelLookup()
+        self.adapters: dict[str, AdapterRecord] = {}  # the LoRA adapters served on this model
+        self._follower = asyncio.get_event_loop().create_task(
+            follow_registry(self._on_models, on_adapters=self._on_adapters))
 
     async def _current(self) -> ModelRecord | None:
         """The model's record as this router follows it; while that still says deploying, asked of the
@@ -71,6 +74,9 @@ class Router(OpenAIEntry):
         if rec is not None and rec.status is ModelStatus.DEPLOYING:
             return await self._newer.find(self.model_id) or rec
         return rec
+
+    def _on_adapters(self, adapters: list[AdapterRecord]) -> None:
+        self.adapters = {a.model_id: a for a in adapters if a.base == self.model_id}
 
     def _on_models(self, records: list[ModelRecord]) -> None:
         self._first_view.set()
@@ -120,6 +126,9 @@ class Router(OpenAIEntry):
         return None
 
     async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
+        adapter = self.adapters.get(fields.model) if fields.model else None
+        if adapter is not None:  # /<base>/v1 with model: <adapter>: the engine loads it first
+            mark_adapter(req, adapter)
         rec = await self._current()
         if rec is None:  # the first view of the registry has not come yet: the engines it was built with
             if self.replicas is None:

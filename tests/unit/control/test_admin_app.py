@@ -170,7 +170,8 @@ async def test_every_route_but_healthz_and_the_docs_needs_the_admin_token(admin)
                          ("POST", "/plan"), ("GET", "/gpus"), ("GET", "/nodes"), ("GET", "/weights"),
                          ("GET", "/load"), ("POST", "/registry/reset"), ("POST", "/monitor-tokens"),
                          ("POST", "/models/m/sleep"), ("POST", "/models/m/wake"), ("GET", "/history"),
-                         ("PUT", "/models/m"), ("GET", "/declared")):
+                         ("PUT", "/models/m"), ("GET", "/declared"), ("POST", "/adapters"), ("GET", "/adapters"),
+                         ("GET", "/adapters/a"), ("DELETE", "/adapters/a")):
         r = await admin.anonymous.request(method, path, json={})
         assert r.status_code == 401 and "HIVE_ADMIN_TOKEN" in r.json()["error"]["message"], (method, path, r.text)
     r = await admin.anonymous.get("/models", headers={"Authorization": "Bearer not-adm"})
@@ -184,7 +185,7 @@ async def test_every_route_but_healthz_and_the_docs_needs_the_admin_token(admin)
     paths = (await admin.anonymous.get("/openapi.json")).json()["paths"]
     assert {"/models", "/models/{model_id}", "/plan", "/gpus", "/nodes", "/weights", "/registry/samples",
             "/monitor-tokens", "/registry/reset", "/load", "/healthz", "/models/{model_id}/sleep",
-            "/models/{model_id}/wake", "/history", "/declared"} == set(paths)
+            "/models/{model_id}/wake", "/history", "/declared", "/adapters", "/adapters/{model_id}"} == set(paths)
 
 
 async def test_gpus_and_nodes_list_what_the_registry_sampled(admin):

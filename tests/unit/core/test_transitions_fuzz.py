@@ -51,7 +51,7 @@ from hive_apps.core.state.records import (
     dump_stored,
     load_stored,
 )
-from hive_apps.core.state.transitions import ASKED
+from hive_apps.core.state.transitions import ADAPTER, ASKED
 
 GIB = 2**30
 BUDGET = 0.9
@@ -81,7 +81,7 @@ STARTS = {
 
 
 def test_the_fuzz_steers_every_transition_of_the_table():
-    assert set(STARTS) == ASKED  # the table: hive_apps/core/state/transitions.py
+    assert set(STARTS) == ASKED - ADAPTER  # the table: hive_apps/core/state/transitions.py (adapters: test_lora_state.py)
 
 
 def profile() -> ProfileSummary:

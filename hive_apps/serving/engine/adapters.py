@@ -1,0 +1,207 @@
+"""LoRA adapters inside one engine replica: loaded on demand, kept in an LRU, never exposed to clients.
+
+The gateway and the routers mark a request for an adapter with ``ADAPTER_HEADER`` (its ``AdapterRef``:
+name, pinned files, revision). Before the request reaches vLLM's app, ``with_adapters`` makes sure the
+adapter is loaded here: its files in this node's weight cache (a folder source is read in place; a Hub
+or S3 one is fetched by the node's fetcher), then the engine's own loader (vLLM: its OpenAI layer's
+``load_lora_adapter``, in-process; the sim: a simulated load). At most ``capacity`` adapters
+(``max_cpu_loras``) stay loaded: the least recently used one that no request is using is unloaded to
+make room (``hive_adapter_evictions``). A load is bounded (``LOAD_TIMEOUT_S``); one that fails answers
+an OpenAI-shaped error, and this replica answers the same error for that adapter, without trying
+again, until the adapter changes (a new deploy: another ``revision_key``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from hive_apps.core.openai_errors import error_body
+from hive_apps.core.weights.types import Manifest
+from hive_apps.ops.metrics import Publisher, event
+from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef
+
+log = logging.getLogger("ray.serve")
+
+LOAD_TIMEOUT_S = 300.0  # fetch onto the node and load, at most
+UNLOAD_WAIT_S = 30.0  # an adapter being deleted waits this long for its requests in flight
+
+LoadFn = Callable[[str, str], Awaitable[None]]  # (adapter name, local folder): load it into the engine
+UnloadFn = Callable[[str], Awaitable[None]]
+FolderFn = Callable[[Manifest], Awaitable[str]]  # the adapter's folder on this node (fetched if need be)
+
+
+class AdapterLoadError(Exception):
+    """An adapter this replica cannot load: the HTTP status and message its requests are answered with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class _Failure:
+    revision_key: str
+    error: AdapterLoadError
+
+
+class AdapterCache:
+    """The adapters one engine replica holds, by name, least recently used first."""
+
+    def __init__(self, capacity: int, load: LoadFn, unload: UnloadFn, folder: FolderFn, *,
+                 model_id: str, replica: int, publisher: Publisher, timeout_s: float = LOAD_TIMEOUT_S):
+        self.capacity = max(1, capacity)
+        self._load, self._unload, self._folder = load, unload, folder
+        self.timeout_s = timeout_s
+        self.loaded: OrderedDict[str, str] = OrderedDict()  # name -> revision_key, LRU first
+        self.busy: Counter[str] = Counter()  # requests in flight per adapter
+        self.failed: dict[str, _Failure] = {}
+        self.loads = self.evictions = 0
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._evicting = asyncio.Lock()
+        self.publisher = publisher
+        self.tags = {"model": model_id, "replica": f"r{replica}"}
+
+    def view(self) -> dict[str, object]:
+        """What ``info()`` shows: loaded (LRU first), in use, failed, and the counts."""
+        return {"loaded": list(self.loaded), "capacity": self.capacity, "in_use": {k: v for k, v in self.busy.items() if v},
+                "failed": {k: f.error.message for k, f in self.failed.items()},
+                "loads": self.loads, "evictions": self.evictions}
+
+    async def acquire(self, ref: AdapterRef) -> float:
+        """Have ``ref`` loaded and count a request on it (``release`` when the request ends): seconds it
+        waited for a load (0 when it was loaded). ``AdapterLoadError`` when it cannot be loaded."""
+        name = ref.model_id
+        failure = self.failed.get(name)
+        if failure is not None and failure.revision_key == ref.revision_key:
+            raise failure.error
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if self.loaded.get(name) == ref.revision_key:
+                self.loaded.move_to_end(name)
+                self.busy[name] += 1
+                return 0.0
+            t0 = time.perf_counter()
+            if name in self.loaded:  # deployed again under the same name: the old weights go first
+                await self._drop(name)
+            try:
+                await asyncio.wait_for(self._fetch_and_load(ref), self.timeout_s)
+            except Exception as e:
+                error = e if isinstance(e, AdapterLoadError) else AdapterLoadError(
+                    504 if isinstance(e, TimeoutError) else 500,
+                    f"loading LoRA adapter {name!r} took longer than {self.timeout_s:.0f}s" if isinstance(e, TimeoutError)
+                    else f"loading LoRA adapter {name!r} failed: {type(e).__name__}: {e}")
+                self.failed[name] = _Failure(ref.revision_key, error)
+                self._count("hive_adapter_loads", adapter=name, outcome="failed")
+                log.warning("%s/%s: adapter %s did not load: %s", self.tags["model"], self.tags["replica"], name,
+                            error.message)
+                raise error from None
+            waited = time.perf_counter() - t0
+            self.failed.pop(name, None)
+            self.loaded[name] = ref.revision_key
+            self.busy[name] += 1
+            self.loads += 1
+            self._count("hive_adapter_loads", adapter=name, outcome="ok")
+            self.publisher.events([event("hive_adapter_load_seconds", waited, **self.tags)])
+            log.info("%s/%s: loaded adapter %s in %.2fs", self.tags["model"], self.tags["replica"], name, waited)
+        await self._evict()
+        return waited
+
+    def release(self, name: str) -> None:
+        self.busy[name] -= 1
+        if self.busy[name] <= 0:
+            del self.busy[name]
+
+    async def forget(self, name: str) -> bool:
+        """Unload ``name`` (deleted): after its requests in flight end, at most UNLOAD_WAIT_S. Whether it was loaded."""
+        self.failed.pop(name, None)
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            if name not in self.loaded:
+                return False
+            deadline = time.monotonic() + UNLOAD_WAIT_S
+            while self.busy.get(name) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await self._drop(name)
+            return True
+
+    async def _fetch_and_load(self, ref: AdapterRef) -> None:
+        folder = await self._folder(ref.weights)
+        await self._load(ref.model_id, folder)
+
+    async def _drop(self, name: str) -> None:
+        self.loaded.pop(name, None)
+        try:
+            await self._unload(name)
+        except Exception as e:  # the engine's own LRU lets it go in the end
+            log.warning("%s/%s: unloading adapter %s failed: %s", self.tags["model"], self.tags["replica"], name, e)
+
+    async def _evict(self) -> None:
+        """Unload the least recently used idle adapters while more than ``capacity`` are loaded."""
+        async with self._evicting:
+            while len(self.loaded) > self.capacity:
+                idle = next((n for n in self.loaded if not self.busy.get(n) and not self._locks[n].locked()), None)
+                if idle is None:  # every one is serving a request: over capacity until one ends
+                    return
+                async with self._locks[idle]:  # no load of the same name interleaves with its unload
+                    if idle in self.loaded and not self.busy.get(idle):
+                        await self._drop(idle)
+                        self.evictions += 1
+                        self._count("hive_adapter_evictions")
+
+    def _count(self, metric: str, **tags: str) -> None:
+        self.publisher.events([event(metric, 1.0, **self.tags, **tags)])
+
+
+async def _answer(send: Callable, status: int, message: str) -> None:
+    body = json.dumps(error_body(status, message, "model")).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def adapter_ref(scope: dict) -> AdapterRef | str | None:
+    """The adapter a request needs (None: the base), or why its header does not parse."""
+    raw = next((v for k, v in scope.get("headers", ()) if k == ADAPTER_HEADER.encode()), None)
+    if raw is None:
+        return None
+    try:
+        return AdapterRef.model_validate_json(raw)
+    except ValidationError as e:
+        return f"the {ADAPTER_HEADER} header does not parse: {e.errors()[0]['msg']}"
+
+
+def with_adapters(app: Callable, cache: Callable[[], AdapterCache | None]) -> Callable:
+    """``app`` behind the adapter loader: a request marked with an adapter waits for it to be loaded
+    (or gets its load error as an OpenAI error) and counts on it until the answer ends. ``cache``: the
+    replica's (None: this base serves no adapters, and a marked request is a 400)."""
+
+    async def asgi(scope: dict, receive: Callable, send: Callable) -> None:
+        ref = adapter_ref(scope) if scope["type"] == "http" else None
+        if ref is None:
+            await app(scope, receive, send)
+            return
+        if isinstance(ref, str):
+            await _answer(send, 400, ref)
+            return
+        adapters = cache()
+        if adapters is None:
+            await _answer(send, 400, f"LoRA adapter {ref.model_id!r}: this model was deployed without lora")
+            return
+        try:
+            await adapters.acquire(ref)
+        except AdapterLoadError as e:
+            await _answer(send, e.status, e.message)
+            return
+        try:
+            await app(scope, receive, send)
+        finally:
+            adapters.release(ref.model_id)
+
+    return asgi
