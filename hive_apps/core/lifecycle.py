@@ -12,16 +12,22 @@ Rules (docs/lifecycle.md):
   asked for, whichever is later: clients that keep asking for a model that cannot wake want it.
 - Making room (a model must wake or deploy and its memory is taken): candidates are the
   sleepable models that are resident, not ``keep_resident``, have nothing in flight, and
-  have been resident for at least the minimum residency. They are taken in order of
+  are not protected by the minimum residency (below). They are taken in order of
   (priority, expected cost, least recently used), where expected cost = recent request rate
   x wake cost (the seconds their next request would wait). Victims are added one at a time
   until the newcomer fits, first among the models of one device at a time (the cheapest
   such set wins: nothing is evicted from a device the newcomer will not use), then over all
   devices; if it never fits, nothing is evicted.
-- A model that just woke keeps its place for the minimum residency, unless the model that
-  needs the room has itself waited that long (so two models that alternate swap at most
-  once per minimum residency, and nobody waits much longer than it for a protection). The
-  wait for room is retried when the earliest protection ends (held requests keep waiting).
+- Minimum residency, ski rental on both sides (``protection_s``): a model that became ready is
+  protected for its own wake cost, at most ``HIVE_MIN_RESIDENCY_S`` (evicting it sooner risks
+  paying that wake again before it served as long as the wake took); the model that needs the
+  room honours protections until it has waited its own wake cost, at most the same cap. So the
+  part of a request's wait spent behind another model's residency is at most one wake of its
+  own model, and a model is evicted before it was resident for its own wake only for a waiter
+  that has already waited its own. Two models that alternate cannot swap faster than they wake:
+  each swap waits for the whole wake of the model it evicts, and when the other asks only once
+  that model is serving, it stays the smaller of the two protections. The wait for room is
+  retried when the earliest protection ends for that waiter (held requests keep waiting).
 """
 
 from __future__ import annotations
@@ -164,14 +170,30 @@ class Refusal(BaseModel):
     reason: str
 
 
-def eviction_order(candidates: list[Candidate], now: float, min_residency_s: float,
-                   waited_s: float = 0.0) -> tuple[list[Candidate], list[Refusal]]:
+def protection_s(wake_cost_s: float | None, min_residency_s: float) -> float:
+    """A wake cost, at most the minimum residency (None: the minimum residency). Ski rental, for
+    both sides of an eviction: a model that became ready is kept this long for its own wake cost
+    (evicted sooner, it may pay that wake again before it served as long as the wake took), and
+    a model waiting for room honours those protections this long for its own (past that, it has
+    waited as long as its own wake, and waiting on costs more than the eviction saves)."""
+    return min_residency_s if wake_cost_s is None else max(0.0, min(wake_cost_s, min_residency_s))
+
+
+def _protected_for(c: Candidate, now: float, min_residency_s: float, waited_s: float, patience_s: float) -> float:
+    """Seconds ``c``'s protection still holds against a waiter that has waited ``waited_s`` and
+    honours protections for ``patience_s`` (0: it does not hold)."""
+    return max(0.0, min(protection_s(c.wake_cost_s, min_residency_s) - (now - c.resident_since), patience_s - waited_s))
+
+
+def eviction_order(candidates: list[Candidate], now: float, min_residency_s: float, waited_s: float = 0.0,
+                   waiter_wake_s: float | None = None) -> tuple[list[Candidate], list[Refusal]]:
     """The models that may be evicted, cheapest first, and why each other one may not.
-    ``waited_s``: how long the model that needs the room has waited (past the minimum
-    residency, protections no longer hold against it)."""
+    ``waited_s``: how long the model that needs the room has waited; ``waiter_wake_s``: its own
+    wake (or cold start) cost (None: the minimum residency). A model that became ready is
+    protected for ``protection_s`` of its own wake cost; the waiter stops honouring that once it
+    has waited ``protection_s`` of its own."""
     allowed, refused = [], []
-    if waited_s >= min_residency_s:
-        min_residency_s = 0.0
+    patience = protection_s(waiter_wake_s, min_residency_s)
     for c in candidates:
         if not c.can_sleep:
             refused.append(Refusal(model_id=c.model_id, reason="has no sleep_timeout (never evicted)"))
@@ -181,8 +203,7 @@ def eviction_order(candidates: list[Candidate], now: float, min_residency_s: flo
             refused.append(Refusal(model_id=c.model_id, reason=f"{c.status.value} (it can sleep once that ends)"))
         elif c.in_flight > 0:
             refused.append(Refusal(model_id=c.model_id, reason=f"{c.in_flight} requests in flight"))
-        elif now - c.resident_since < min_residency_s:
-            left = min_residency_s - (now - c.resident_since)
+        elif (left := _protected_for(c, now, min_residency_s, waited_s, patience)) > 0:
             refused.append(Refusal(model_id=c.model_id, reason=f"woke {now - c.resident_since:.0f}s ago "
                                                                 f"(minimum residency, {left:.0f}s left)"))
         else:
@@ -192,15 +213,13 @@ def eviction_order(candidates: list[Candidate], now: float, min_residency_s: flo
 
 
 def protection_ends(candidates: list[Candidate], now: float, min_residency_s: float,
-                    waited_since: float | None = None) -> float | None:
-    """When the next try to make room may find more: the earliest minimum-residency protection
-    of an otherwise evictable model ends, or the waiting model has waited the minimum residency."""
-    if waited_since is not None and now - waited_since >= min_residency_s:
-        return None  # protections no longer hold against it: only a request ending frees more
-    ends = [c.resident_since + min_residency_s for c in candidates
-            if c.can_sleep and not c.keep_resident and c.in_flight == 0 and now - c.resident_since < min_residency_s]
-    if ends and waited_since is not None:
-        ends.append(waited_since + min_residency_s)
+                    waited_since: float | None = None, waiter_wake_s: float | None = None) -> float | None:
+    """When the next try to make room may find more: the earliest protection of an otherwise
+    evictable model ends, for this waiter (``eviction_order``'s rule)."""
+    patience = protection_s(waiter_wake_s, min_residency_s)
+    waited = now - waited_since if waited_since is not None else 0.0
+    ends = [now + left for c in candidates if c.can_sleep and not c.keep_resident and c.in_flight == 0
+            and (left := _protected_for(c, now, min_residency_s, waited, patience)) > 0]
     return min(ends) if ends else None
 
 

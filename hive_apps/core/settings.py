@@ -64,7 +64,7 @@ class HiveSettings(BaseSettings):
     hold_timeout_s: float = Field(300.0, gt=0, description="Longest a request waits for a sleeping model to wake; then 503.")
     hold_keepalive_s: float = Field(5.0, gt=0, description="Seconds between SSE comment keep-alives sent to a streaming client that waits for a wake.")
     drain_grace_s: float = Field(30.0, ge=0, description="Longest a replica that is put to sleep or deleted waits for its in-flight requests.")
-    min_residency_s: float = Field(60.0, ge=0, description="A model that woke is not evicted for another before this many seconds.")
+    min_residency_s: float = Field(60.0, ge=0, description="Cap of the minimum residency: a model that woke is kept its own wake cost, and a model waiting for room honours that its own wake cost, at most this many seconds each.")
     lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")
     scale_window_s: float = Field(30.0, gt=0, description="How long every replica must stay above 80 % (below 20 %) of its planned capacity before one is added (removed).")
     media_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated hosts chat requests may have engines fetch media from (http/https); empty = remote media off, data: URLs only.")

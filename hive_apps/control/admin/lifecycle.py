@@ -215,9 +215,15 @@ class Lifecycle(ControlPlane):
         return outcome
 
     # --- making room ----------------------------------------------------------------------
+    @staticmethod
+    def _wake_cost(rec: ModelRecord) -> float:
+        """Its last wake without the placement (waiting for room is not the wake), else a cold start."""
+        w = rec.last_wake
+        return w.total_s - w.placement_s if w else cold_start_s(rec.plan.profile.weight_bytes)
+
     def _candidate(self, rec: ModelRecord) -> Candidate:
         act = self.activity.get(rec.model_id) or Activity()
-        wake = rec.last_wake.total_s if rec.last_wake else cold_start_s(rec.plan.profile.weight_bytes)
+        wake = self._wake_cost(rec)
         return Candidate(model_id=rec.model_id, can_sleep=rec.spec.can_sleep, status=rec.status,
                          keep_resident=rec.spec.keep_resident,
                          priority=rec.spec.priority, in_flight=act.in_flight, rate_per_s=act.rate_per_s,
@@ -256,7 +262,9 @@ class Lifecycle(ControlPlane):
         never evicts more than needed. A victim whose sleep the registry refuses (its record moved
         on since it was read) is neither reported nor waited for: the search goes on without it."""
         now = self.clock()
-        records = [r for r in await self.registry.list_models.remote() if r.model_id != spec.model_id]
+        everyone = await self.registry.list_models.remote()
+        records = [r for r in everyone if r.model_id != spec.model_id]
+        itself = next((r for r in everyone if r.model_id == spec.model_id), None)  # a wake (a deploy has none)
         devices = await self.registry.capacities.remote()
         outcome = await self._plan_with(spec, devices, {}, as_asked, in_place, weights)
         if outcome.plan is not None:
@@ -269,7 +277,9 @@ class Lifecycle(ControlPlane):
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
         waited = now - waiting_since if waiting_since is not None else 0.0
-        order, refused = eviction_order(candidates, now, self.settings.min_residency_s, waited)
+        own = self._wake_cost(itself) if itself is not None else (
+            cold_start_s(weights.weight_bytes) if weights is not None and weights.weight_bytes else None)
+        order, refused = eviction_order(candidates, now, self.settings.min_residency_s, waited, own)
 
         async def fits(victims: list[str]) -> bool:
             freed = {**base}
@@ -297,7 +307,7 @@ class Lifecycle(ControlPlane):
                 return Room(evicting=evicting, waiting_for=evicting + draining)
         if not await fits([c.model_id for c in candidates]):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone
-        retry = protection_ends(candidates, now, self.settings.min_residency_s, waiting_since)
+        retry = protection_ends(candidates, now, self.settings.min_residency_s, waiting_since, own)
         holders = "; ".join(f"{r.model_id} ({r.reason})" for r in refused) or "none"
         return Room(evicting=evicting, retry_at=retry, status_code=503, blocked=True,
                     error=f"no room for {spec.model_id}: the memory it needs is held by models that cannot be "

@@ -43,7 +43,7 @@ def test_eviction_order_is_priority_then_expected_cost_then_least_recently_used(
         cand("pinned", keep_resident=True),
         cand("static", can_sleep=False),
         cand("serving", in_flight=2),
-        cand("fresh", resident_since=990.0),
+        cand("fresh", resident_since=990.0, wake_cost_s=100.0),  # kept 60 s (the cap), not its wake
     ], now=1000.0, min_residency_s=60)
     assert [c.model_id for c in order] == ["older", "old", "rare-dear", "busy-cheap", "important"]
     reasons = {r.model_id: r.reason for r in refused}
@@ -307,6 +307,9 @@ async def test_minimum_residency_defers_the_eviction(life):
     assert (await life.registry.transition(t.Sleep(model_id="a", version=rec.version, reason="idle"))).ok
     assert (await life.settle("a")).status is ModelStatus.SLEEPING
     assert (await life.registry.transition(t.Wake(model_id="a"))).ok
+    await life.step("a")
+    assert (await life.registry.get_model("a")).wake_placed
+    life.clock.advance(90)  # its engines took 90 s to start: it is kept the cap, 60 s
     assert (await life.settle("a")).woke_at == life.clock()
     life.clock.advance(10)  # woke 10 s ago
     room = await life.lifecycle.make_room((await life.registry.get_model("a")).spec.model_copy(update={"model_id": "b"}))
