@@ -16,8 +16,9 @@ discrete-event simulation (pure Python, no Ray, no vLLM). Strategies:
               the hive's router picks the replica (``choose_replica``, least loaded; it does not prefer a
               replica that holds the adapter, docs/lora.md "Not built yet") and 429s past the queue bound
               (``queue_full``, bound = max_num_seqs); the replica loads the adapter on its first request
-              (``AdapterCache``: the request waits for the load, at most ``max_cpu_loras`` stay loaded, the
-              least recently used one with no request in flight is unloaded after a load); vLLM's scheduler
+              (``AdapterCache``: the request waits for the load; never more than ``max_cpu_loras`` loaded, the
+              least recently used one with no request in flight is unloaded before a load, and when every
+              loaded one has a request in flight the request queues until one has none); vLLM's scheduler
               admits a waiting request only while the batch mixes at most ``max_loras`` adapters
               (``v1/core/sched/scheduler.py``: it skips the others, first come first served otherwise).
   one deployment per adapter, static
@@ -53,9 +54,9 @@ Model and assumptions (each with its source):
     ``add_lora`` in its engine core's busy loop (``v1/engine/core.py``), so loads on a replica are one at
     a time and its batch makes no progress while one runs.
   * vLLM's own CPU cache (``LRUCacheWorkerLoRAManager``, max_cpu_loras adapters) takes each load and evicts
-    its oldest regardless of waiting requests; the hive's cache may hold more (it keeps busy adapters), and a
-    request whose adapter vLLM let go is loaded again inside a scheduler step (``_apply_adapters``), another
-    stall of one load.
+    its oldest regardless of waiting requests; were the hive's cache to hold more, a request whose adapter
+    vLLM let go would be loaded again inside a scheduler step (``_apply_adapters``), another stall of one
+    load (counted: 0 now that the hive's cache never holds more than max_cpu_loras).
   * Slot activation: an adapter admitted to the batch that is not in a GPU slot is copied into one (LRU
     of max_loras slots, ``LRUCacheLoRAModelManager.activate_adapter``) over the host link (``wake_s`` level 1
     less its fixed part: PCIe Gen5 on H100), stalling the batch for that copy.
@@ -199,40 +200,67 @@ def slot_copy_s(adapter_bytes: int, gpu: str = GPU) -> float:
 
 class AdapterLru:
     """The hive's adapter cache policy (``AdapterCache`` in ``hive_apps/serving/engine/adapters.py``) without
-    its I/O: adapters loaded, least recently used first; after a load, the least recently used adapters with
-    no request in flight go while more than ``capacity`` are loaded (all busy: over capacity until a later load)."""
+    its I/O: adapters loaded, least recently used first, never more than ``capacity`` loaded or loading. A
+    request for an adapter not loaded takes a slot: a free one, else the least recently used adapter with no
+    request in flight is unloaded first; when every one has a request in flight, the adapter queues (first
+    come, first served) until a release leaves one idle. Requests for an adapter already loading or queued
+    join that load."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.loaded: OrderedDict[int, None] = OrderedDict()
         self.busy: Counter[int] = Counter()  # requests past acquire, per adapter
-        self.evictions = self.max_loaded = 0
+        self.loading: set[int] = set()  # slots taken by loads under way
+        self.queued: OrderedDict[int, None] = OrderedDict()  # adapters waiting for a slot, oldest first
+        self.evictions = self.max_loaded = self.slot_waits = 0
 
-    def hit(self, adapter: int) -> bool:
-        """A request for ``adapter``: counted on it when it is loaded (True), else it needs a load."""
-        if adapter not in self.loaded:
-            return False
-        self.loaded.move_to_end(adapter)
-        self.busy[adapter] += 1
-        return True
+    def acquire(self, adapter: int) -> tuple[str, list[int]]:
+        """A request for ``adapter``: "hit" (loaded: counted on it), "joined" (its load is under way or
+        queued), "load" (a slot taken: load it, then ``add``) or "queued"; and the adapters unloaded."""
+        if adapter in self.loaded:
+            self.loaded.move_to_end(adapter)
+            self.busy[adapter] += 1
+            return "hit", []
+        if adapter in self.loading or adapter in self.queued:
+            return "joined", []
+        gone = self._slot()
+        if gone is None:
+            self.queued[adapter] = None
+            self.slot_waits += 1
+            return "queued", []
+        self.loading.add(adapter)
+        return "load", gone
 
-    def add(self, adapter: int, users: int) -> list[int]:
-        """``adapter`` just loaded for ``users`` requests; then evict: the adapters unloaded."""
+    def _slot(self) -> list[int] | None:
+        if len(self.loaded) + len(self.loading) < self.capacity:
+            return []
+        idle = next((a for a in self.loaded if not self.busy[a]), None)
+        if idle is None:
+            return None
+        del self.loaded[idle]
+        self.evictions += 1
+        return [idle]
+
+    def add(self, adapter: int, users: int) -> None:
+        """``adapter`` loaded for ``users`` requests."""
+        self.loading.discard(adapter)
         self.loaded[adapter] = None
         self.busy[adapter] += users
         self.max_loaded = max(self.max_loaded, len(self.loaded))
-        gone = []
-        while len(self.loaded) > self.capacity:
-            idle = next((a for a in self.loaded if not self.busy[a]), None)
-            if idle is None:
-                break
-            del self.loaded[idle]
-            gone.append(idle)
-            self.evictions += 1
-        return gone
 
-    def release(self, adapter: int) -> None:
+    def release(self, adapter: int) -> list[tuple[int, list[int]]]:
+        """A request on ``adapter`` ended: the queued adapters that took a slot now (load them), oldest first,
+        each with the adapters unloaded for it."""
         self.busy[adapter] -= 1
+        started = []
+        while self.queued:
+            gone = self._slot()
+            if gone is None:
+                break
+            a, _ = self.queued.popitem(last=False)
+            self.loading.add(a)
+            started.append((a, gone))
+        return started
 
 
 class Engine:
@@ -261,7 +289,8 @@ class Engine:
         self.cache = AdapterLru(lora.cpu_loras if lora else 0)
         self.worker: OrderedDict[int, None] = OrderedDict()  # vLLM's own CPU LRU (LRUCacheWorkerLoRAManager)
         self.reloads = 0  # loads vLLM made inside a step: the hive's cache held more than vLLM's
-        self.loading: dict[int, tuple[float, list[Req]]] = {}  # adapter -> (asked at, requests waiting)
+        self.loading: dict[int, tuple[float, list[Req]]] = {}  # adapter -> (load began, requests waiting)
+        self.queued: dict[int, list[Req]] = {}  # adapter -> requests waiting for a slot (AdapterLru.queued)
         self.slots: OrderedDict[int, None] = OrderedDict()
         self.loads: list[float] = []  # each load's time, asked to loaded
         self.slot_copies = self.max_mixed = 0
@@ -336,22 +365,32 @@ class Engine:
         self.last_used = t
         if not self.lora:
             self.waiting.append(r)
-        elif self.cache.hit(r.adapter):
+            self.schedule(t)
+            return
+        how, gone = self.cache.acquire(r.adapter)
+        if how == "hit":
             self.waiting.append(r)
-        elif r.adapter in self.loading:
-            self.loading[r.adapter][1].append(r)
+        elif how == "joined":
+            (self.loading[r.adapter][1] if r.adapter in self.loading else self.queued[r.adapter]).append(r)
+        elif how == "queued":
+            self.queued[r.adapter] = [r]
         else:
-            self.loading[r.adapter] = (t, [r])
-            self.sim.at(self.stall(t, self.load_s), "loaded", (self, r.adapter))
+            self.start_load(t, r.adapter, gone, [r])
         self.schedule(t)
+
+    def start_load(self, t: float, adapter: int, gone: list[int], reqs: list[Req]) -> None:
+        """The cache gave ``adapter`` a slot (``gone`` unloaded for it: out of vLLM too, remove_lora): load it."""
+        for a in gone:
+            self.worker.pop(a, None)
+        self.loading[adapter] = (t, reqs)
+        self.sim.at(self.stall(t, self.load_s), "loaded", (self, adapter))
 
     def on_loaded(self, t: float, adapter: int) -> None:
         self.advance(t)
-        asked, reqs = self.loading.pop(adapter)
-        self.loads.append(t - asked)
+        began, reqs = self.loading.pop(adapter)
+        self.loads.append(t - began)
         self.worker_add(adapter)
-        for gone in self.cache.add(adapter, len(reqs)):  # unloaded: out of vLLM too (remove_lora)
-            self.worker.pop(gone, None)
+        self.cache.add(adapter, len(reqs))
         for r in reqs:
             r.load_wait = t - r.arrival
             self.waiting.append(r)
@@ -367,7 +406,8 @@ class Engine:
             r.end, r.outcome = t, "served"
             self.in_flight -= 1
             if self.lora:
-                self.cache.release(r.adapter)
+                for a, gone in self.cache.release(r.adapter):  # a queued adapter took the slot it left
+                    self.start_load(t, a, gone, self.queued.pop(a))
         self.view.in_flight = self.in_flight
         self.schedule(t)
         if done:
@@ -593,7 +633,9 @@ def hive_note(r: Result) -> str:
             f"{max(e.cache.max_loaded for e in r.engines)} loaded on a replica; vLLM's own LRU of max_cpu_loras "
             f"then reloaded {sum(e.reloads for e in r.engines)} inside a step), "
             f"{sum(e.slot_copies for e in r.engines)} slot copies, at most {max(e.max_mixed for e in r.engines)} "
-            f"adapters in a batch; {len(waited)} of {len(r.served)} served requests waited for a load, their p50 / "
+            f"adapters in a batch; {sum(e.cache.slot_waits for e in r.engines)} loads waited for a slot (every "
+            f"loaded adapter in use); {len(waited)} of {len(r.served)} served requests waited for a slot or a load, "
+            f"their p50 / "
             f"p99 latency {pct([q.end - q.arrival for q in waited], 0.5):.2f} / "
             f"{pct([q.end - q.arrival for q in waited], 0.99):.2f} s.")
 
@@ -638,10 +680,11 @@ CAVEATS = [
     "(issue 29 item 3) would cut loads, most where max_cpu_loras is below the adapters in use.",
     "* The docs' example lora {max_loras 4, max_cpu_loras 16} does not carry 64 Zipf adapters at this rate: vLLM "
     "mixes at most 4 adapters in a batch, so requests for the others wait for one of the 4 to drain and the "
-    "batch stays small (a steady state, not a growing queue: p50 13-14 s with 300, 600 or 1200 s of traffic). The hive's AdapterCache then holds more than max_cpu_loras (it never "
-    "unloads an adapter with requests in flight, and a request waiting in vLLM's queue is in flight), while "
-    "vLLM's own CPU LRU of max_cpu_loras evicts the oldest regardless; the adapter is then loaded again inside "
-    "a scheduler step, which stalls the batch (modelled: the in-step reloads in the notes). max_loras 16 costs "
+    "batch stays small (a steady state, not a growing queue: p50 9-10 s with 300, 600 or 1200 s of traffic). With every one of its max_cpu_loras adapters busy (a request "
+    "waiting in vLLM's queue is in flight), the hive's AdapterCache makes a request for another adapter wait "
+    "until one is idle: it never holds more than vLLM's own CPU LRU, so vLLM never reloads an adapter inside a "
+    "scheduler step (before this rule a replica held up to 42 and vLLM reloaded 1394 inside steps: p50 / p99 "
+    "13.31 / 30.91 s, now 9.38 / 19.09 s). max_loras 16 costs "
     "1.1 GiB more per replica; max_cpu_loras 64 costs 64 x 93 MiB = 5.8 GiB of host RAM per replica.",
     "* Latency is arrival to last token (no TTFT: prefill is amortised into the roofline's per-token rate). KV "
     "is not simulated beyond max_num_seqs (the planner books KV for that many full-length requests), so there "

@@ -129,6 +129,7 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
               ("model", "replica"), (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)),
     MetricDef("hive_adapter_evictions", "counter",
               "LoRA adapters an engine replica unloaded to keep at most max_cpu_loras loaded", ("model", "replica")),
+    MetricDef("hive_adapter_slot_waits", "counter", "Adapter loads that waited for one of max_cpu_loras loaded adapters to have no request in flight", ("model", "replica")),
 ]}
 
 

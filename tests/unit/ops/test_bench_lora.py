@@ -41,7 +41,8 @@ def test_every_request_has_one_outcome_and_is_served_by_the_adapter_it_asked_for
             assert q.end > q.arrival and q.left <= 1e-6
     hive = results[0]
     for e in hive.engines:  # nothing left inside an engine after the drain
-        assert not e.running and not e.waiting and not e.loading and e.in_flight == 0
+        assert not e.running and not e.waiting and not e.loading and not e.queued and e.in_flight == 0
+        assert not e.cache.queued and not e.cache.loading and len(e.cache.loaded) <= e.cache.capacity
 
 
 def test_the_hive_serves_all_64_adapters_on_fewer_gpus_than_one_deployment_per_adapter(results):
@@ -78,6 +79,9 @@ def test_max_loras_bounds_every_batch_and_binds_at_four(results):
     for (lora, _), r in zip(bench.HIVE_RUNS, results):
         assert all(e.max_mixed <= lora.max_loras for e in r.engines), r.name
     assert max(e.max_mixed for e in results[0].engines) == 4
+    for (lora, _), r in zip(bench.HIVE_RUNS, results):  # never more loaded than vLLM's CPU LRU: no in-step reloads
+        assert all(e.cache.max_loaded <= lora.cpu_loras and e.reloads == 0 for e in r.engines), r.name
+    assert sum(e.cache.slot_waits for e in results[0].engines) > 0  # 16 of 64 adapters: requests waited for a slot
     assert bench.pct(results[0].latencies, 0.99) > bench.pct(results[1].latencies, 0.99)  # the limit costs latency
 
 
@@ -99,12 +103,17 @@ def test_evictions_happen_when_distinct_adapters_exceed_max_cpu_loras(profile):
     _, e = _replica(profile, lora, cycle)  # six in a cycle through an LRU of four: every request loads
     assert len(e.loads) == 12 and e.cache.evictions == 8 and list(e.cache.loaded) == [2, 3, 4, 5]
     at_once = [bench.Req(i, 0.0, i, 64, 64.0) for i in range(6)]
-    _, e = _replica(profile, lora, at_once)  # six busy at once: over capacity until they end (AdapterCache)
-    assert e.cache.max_loaded == 6 and e.cache.evictions == 0
+    sim, e = _replica(profile, lora, at_once)  # six at once: two wait for a slot until a request ends (AdapterCache)
+    assert e.cache.max_loaded == 4 and e.cache.slot_waits == 2 and e.cache.evictions == 2 and e.reloads == 0
+    assert all(q.outcome == "served" for q in sim.requests)
+    first_end = min(q.end for q in sim.requests[:4])
+    assert all(q.load_wait >= first_end for q in sim.requests[4:])  # they waited for a request to end
 
 
 def test_the_simulated_cache_is_the_products_adapter_cache():
-    """The same trace of acquires and releases through ``AdapterCache`` and ``bench.AdapterLru``."""
+    """The same trace of acquires and releases through ``AdapterCache`` and ``bench.AdapterLru``, waits for a
+    slot included: after each step, the same adapters loaded in the same order, the same evictions and slot
+    waits, and the same requests through (a request is released only once its acquire returned)."""
     from hive_apps.core.weights.source import parse_source
     from hive_apps.core.weights.types import Manifest
     from hive_apps.ops.metrics import Publisher
@@ -121,35 +130,54 @@ def test_the_simulated_cache_is_the_products_adapter_cache():
     async def folder(_):
         return "/x"
 
-    rng = random.Random(7)
-    trace, busy = [], []
-    for _ in range(400):
-        if busy and rng.random() < 0.45:
-            trace.append(("release", busy.pop(rng.randrange(len(busy)))))
-        else:
-            a = min(11, int(rng.expovariate(0.3)))
-            trace.append(("acquire", a))
-            busy.append(a)
+    manifest = Manifest(source=parse_source("/x"), revision="local")
 
-    async def product() -> tuple[list[str], int]:
+    async def settle():
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    async def compare() -> tuple[int, int]:
         cache = AdapterCache(4, nothing, nothing, folder, model_id="m", replica=0, publisher=Publisher(Quiet()))
-        manifest = Manifest(source=parse_source("/x"), revision="local")
-        for op, a in trace:
-            if op == "acquire":
-                await cache.acquire(AdapterRef(model_id=f"a{a}", weights=manifest, revision_key="k"))
-            else:
+        sim = bench.AdapterLru(4)
+        rng = random.Random(7)
+        tasks: dict[int, tuple[int, asyncio.Task]] = {}  # request -> (adapter, its acquire)
+        sim_through: set[int] = set()  # requests the simulation counted on their adapter
+        sim_waiting: dict[int, list[int]] = {}  # adapter -> requests (queued or loading, in the simulation)
+        for i in range(600):
+            through = sorted(q for q, (_, t) in tasks.items() if t.done())
+            if through and rng.random() < 0.45:
+                q = through[rng.randrange(len(through))]
+                a, t = tasks.pop(q)
+                t.result()
                 cache.release(f"a{a}")
-        return list(cache.loaded), cache.evictions
+                sim_through.remove(q)
+                for b, _ in sim.release(a):  # a queued adapter took a slot: loaded at once here
+                    sim.add(b, len(sim_waiting[b]))
+                    sim_through.update(sim_waiting.pop(b))
+            else:
+                a = min(11, int(rng.expovariate(0.3)))
+                tasks[i] = (a, asyncio.create_task(cache.acquire(AdapterRef(model_id=f"a{a}", weights=manifest,
+                                                                            revision_key="k"))))
+                how, _ = sim.acquire(a)
+                if how == "hit":
+                    sim_through.add(i)
+                elif how == "load":
+                    sim.add(a, 1)
+                    sim_through.add(i)
+                else:  # queued, or joined a queued one
+                    sim_waiting.setdefault(a, []).append(i)
+            await settle()
+            assert [f"a{a}" for a in sim.loaded] == list(cache.loaded), i
+            assert (sim.evictions, sim.slot_waits) == (cache.evictions, cache.slot_waits), i
+            assert sim_through == {q for q, (_, t) in tasks.items() if t.done()}, i
+            assert len(cache.loaded) <= 4
+        for _, t in tasks.values():
+            t.cancel()
+        await settle()
+        return cache.evictions, cache.slot_waits
 
-    sim = bench.AdapterLru(4)
-    for op, a in trace:
-        if op == "release":
-            sim.release(a)
-        elif not sim.hit(a):
-            sim.add(a, 1)
-    loaded, evictions = asyncio.run(product())
-    assert evictions > 10
-    assert ([f"a{a}" for a in sim.loaded], sim.evictions) == (loaded, evictions)
+    evictions, waits = asyncio.run(compare())
+    assert evictions > 10 and waits > 10
 
 
 def test_p99_includes_load_waits(profile, monkeypatch):
