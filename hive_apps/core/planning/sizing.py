@@ -23,6 +23,12 @@ from hive_apps.core.planning.types import DeviceCapacity, EngineSettings, MmCont
 from hive_apps.core.spec import EngineKind, ModelSpec
 from hive_apps.core.vllm_args import legacy_task
 
+
+def sleeps_in_place(spec: ModelSpec, kind: DeviceKind) -> bool:
+    """Whether a replica of ``spec`` on this kind of device gets vLLM's sleep mode (it sleeps in place
+    instead of parking): a vLLM engine on a GPU of a model that can sleep."""
+    return spec.can_sleep and spec.engine is EngineKind.VLLM and kind is DeviceKind.GPU
+
 GPU_BATCH_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CPU_BATCH_TOKENS = (2048,)  # vLLM's CPU default for API servers; prefill on CPU is compute-bound anyway
 GPU_MAX_SEQS = 1024  # vLLM's own default on H100/H200 (research note §A3)
@@ -320,7 +326,7 @@ class Sizer:
             engine_kwargs["limit_mm_per_prompt"] = dict(self.mm_limits)
         if tp > 1 and not on_cpu:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
-        if self.spec.can_sleep and self.spec.engine is EngineKind.VLLM and devs[0].device.kind is DeviceKind.GPU:
+        if sleeps_in_place(self.spec, devs[0].device.kind):
             engine_kwargs["enable_sleep_mode"] = True  # it sleeps in place (level 1 or 2) instead of parking
         notes = list(placement.notes)
         if self.spec.lora is not None:

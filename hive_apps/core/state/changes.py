@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hive_apps.core.devices import DeviceKind
-from hive_apps.core.spec import EngineKind, ModelSpec
+from hive_apps.core.planning.sizing import sleeps_in_place
+from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.records import ModelRecord
 
 # fields read from the record while the model runs: a change takes effect in place
@@ -55,19 +55,13 @@ def running_replicas(rec: ModelRecord) -> int:
     return len(rec.plan.replicas) - len(rec.retiring)
 
 
-def wants_sleep_mode(spec: ModelSpec, kind: DeviceKind) -> bool:
-    """Whether the planner turns on vLLM's sleep mode for a replica of this spec on this kind of device
-    (``core/planning/sizing.py``): it sleeps in place instead of parking."""
-    return spec.can_sleep and spec.engine is EngineKind.VLLM and kind is DeviceKind.GPU
-
-
 def spec_change(rec: ModelRecord, new: ModelSpec) -> SpecChange:
     """What replacing ``rec``'s spec with ``new`` (same model_id) changes, and what of it needs new engines."""
     old_values, new_values = rec.spec.model_dump(), new.model_dump()
     changed = tuple(f for f in ModelSpec.model_fields if old_values.get(f) != new_values.get(f))
     restart = {f: _RESTART_WHY.get(f, "the plan depends on it") for f in changed if f not in LIVE_FIELDS}
     if "sleep_timeout" in changed and any(
-            bool(rp.engine_kwargs.get("enable_sleep_mode")) != wants_sleep_mode(new, rp.device_kind)
+            bool(rp.engine_kwargs.get("enable_sleep_mode")) != sleeps_in_place(new, rp.device_kind)
             for rp in rec.plan.replicas):
         restart["sleep_timeout"] = ("turning sleep_timeout on or off turns vLLM's sleep mode (enable_sleep_mode) "
                                     "on or off, an engine argument of its GPU replicas")
