@@ -11,8 +11,8 @@ It measures, and prints beside the planner's figures (``hive_apps/core/planning/
 
 1. CUDA context: this process's NVML memory after ``torch.cuda.init()`` and a 1-element
    tensor, minus what torch reserved (planner: ``CUDA_CONTEXT_BYTES``); and after the first
-   bf16 matmul, which creates the cuBLAS handle and workspace (part of the planner's
-   ``GPU_RUNTIME_BYTES``, with vLLM's own buffers).
+   bf16 matmul, which creates the cuBLAS handle and workspace (the planner's
+   ``CUBLAS_WORKSPACE_BYTES``, one part of ``GPU_RUNTIME_BYTES``).
 2. NVML against torch: tensors of 256 MiB, 1 GiB and 4 GiB; NVML's used memory against
    ``torch.cuda.memory_reserved()`` and ``memory_allocated()`` after each (the registry reads
    NVML, vLLM's budget counts torch): slope and offset of the fit.
@@ -129,8 +129,8 @@ def measure_context(torch, nvml, handle, index: int) -> None:
     torch.cuda.synchronize()
     after = (process_used(nvml, handle) or (nvml.nvmlDeviceGetMemoryInfo(handle).used - before))
     extra = after - torch.cuda.memory_reserved() - ctx
-    row("+ cuBLAS handle and workspace (first matmul)", mib(extra), mib(mem.GPU_RUNTIME_BYTES),
-        "GPU_RUNTIME_BYTES also holds vLLM's buffers")
+    row("+ cuBLAS handle and workspace (first matmul)", mib(extra), mib(mem.CUBLAS_WORKSPACE_BYTES),
+        "CUBLAS_WORKSPACE_BYTES (one part of GPU_RUNTIME_BYTES)")
     del a
 
 

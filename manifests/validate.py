@@ -11,7 +11,9 @@ What checks what:
   would silently prune an unknown field instead), the top-level ObjectMeta strictly, and the
   operator's own admission checks that no schema expresses (``operator_problems``);
 * a RayService's ``serveConfigV2``: Ray Serve's ``ServeDeploySchema`` (its JSON schema made
-  strict the same way, then the model itself for its cross-field checks).
+  strict the same way, then the model itself for its cross-field checks);
+* PodMonitor (prometheus-operator's CRD, not vendored here): ``PODMONITOR_SCHEMA``, the part of
+  its schema the manifests use, strict, and its ObjectMeta as for the KubeRay kinds.
 
 The CRDs are not in this repository (they are KubeRay's data files); they are read from
 ``$HIVE_KUBERAY_CRDS`` or ``../shared/crds`` beside the repository (``crd_dir``).
@@ -83,6 +85,63 @@ def strict(schema: Any) -> Any:
 
     walk(schema)
     return schema
+
+
+# prometheus-operator's PodMonitor (monitoring.coreos.com/v1): the fields of its CRD schema that
+# manifests/podmonitor.yaml uses or may need, with the CRD's own types and patterns. Strict like the
+# rest: a field missing here fails as a typo would (add it from the CRD when a manifest needs it).
+_PROM_DURATION = {"type": "string",
+                  "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_PROM_LABEL = {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}
+_RELABEL_ACTIONS = ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+                    "uppercase", "keepequal", "dropequal"]
+_RELABELINGS = {"type": "array", "items": {"type": "object", "properties": {
+    "sourceLabels": {"type": "array", "items": _PROM_LABEL}, "separator": {"type": "string"},
+    "targetLabel": {"type": "string"}, "regex": {"type": "string"}, "modulus": {"type": "integer"},
+    "replacement": {"type": "string"},
+    # the CRD takes each action in lower case and capitalised (HashMod, LabelMap, KeepEqual...)
+    "action": {"type": "string", "pattern": "^(?i:" + "|".join(_RELABEL_ACTIONS) + ")$"}}}}
+PODMONITOR_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"},
+        "metadata": {"type": "object"},  # checked as Kubernetes ObjectMeta (validate_doc)
+        "spec": {"type": "object", "required": ["selector"], "properties": {
+            "selector": {"type": "object", "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "matchExpressions": {"type": "array", "items": {
+                    "type": "object", "required": ["key", "operator"], "properties": {
+                        "key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "values": {"type": "array", "items": {"type": "string"}}}}}}},
+            "namespaceSelector": {"type": "object", "properties": {
+                "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+            "jobLabel": {"type": "string"},
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+            "podMetricsEndpoints": {"type": "array", "items": {"type": "object", "properties": {
+                "port": {"type": "string", "minLength": 1}, "path": {"type": "string"},
+                "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                "interval": _PROM_DURATION, "scrapeTimeout": _PROM_DURATION,
+                "honorLabels": {"type": "boolean"}, "honorTimestamps": {"type": "boolean"},
+                "relabelings": _RELABELINGS, "metricRelabelings": _RELABELINGS}}}}}}}
+
+
+@functools.lru_cache(maxsize=1)
+def podmonitor_validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(strict(PODMONITOR_SCHEMA))
+
+
+def _meta_problems(doc: dict) -> list[str]:
+    """A custom resource's top-level ObjectMeta, checked strictly as Kubernetes checks it (a CRD's
+    schema leaves it a bare object)."""
+    import kubernetes_validate
+
+    meta_only = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc.get("metadata") or {}}
+    try:
+        kubernetes_validate.validate(meta_only, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"metadata: {e.message}"]
+    return []
 
 
 @functools.cache
@@ -216,16 +275,17 @@ def validate_doc(doc: dict, crds: Path | None) -> list[str]:
             raise FileNotFoundError("KubeRay CRDs not found: set HIVE_KUBERAY_CRDS or provide ../shared/crds")
         v = crd_validator(kind, str(crds))
         problems = [f"{_path(e)}: {e.message}" for e in sorted(v.iter_errors(doc), key=str)]
-        meta_only = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc.get("metadata") or {}}
-        try:  # ObjectMeta is a bare object in the CRD: check it as Kubernetes does
-            kubernetes_validate.validate(meta_only, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            problems.append(f"metadata: {e.message}")
+        problems += _meta_problems(doc)
         problems += operator_problems(doc)
         if kind == "RayService" and isinstance((doc.get("spec") or {}).get("serveConfigV2"), str):
             config = yaml.safe_load(doc["spec"]["serveConfigV2"])
             problems += [f"serveConfigV2: {p}" for p in serve_config_problems(config)]
         return problems
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if kind != "PodMonitor":
+            return [f"{kind}: no schema here (only PodMonitor of monitoring.coreos.com)"]
+        v = podmonitor_validator()
+        return [f"{_path(e)}: {e.message}" for e in sorted(v.iter_errors(doc), key=str)] + _meta_problems(doc)
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:

@@ -41,6 +41,12 @@ class Device(BaseModel):
     estimates: list[str] = Field(default_factory=list)  # warnings: which figures are estimated, and how
     error: str | None = None  # the device exists but cannot be read (the planner never places on it)
     cpu_count: int | None = None  # CPU devices: cores on the node
+    # GPUs read through NVML: the node's NVIDIA driver ("580.65.06") and the CUDA it supports
+    # ("13.0"), and the CUDA the node's torch was built for (None: no torch, or a CPU build);
+    # the planner refuses a driver older than that CUDA (core/drivers.py)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    cuda_runtime: str | None = None
 
 
 class NodeSample(BaseModel):
@@ -55,6 +61,9 @@ class NodeSample(BaseModel):
     sampled_at: float = 0.0
     source: str = "ray-monitor"  # or "agent"
     error: str | None = None  # e.g. NVML failed on a node that has GPUs (see control/registry/monitor.py)
+    # the CUDA this node's torch was built for, as the Ray monitor reads it (engines run in its
+    # process's environment, not the agent's): control/registry/monitor.py torch_cuda_runtime
+    cuda_runtime: str | None = None
 
 
 def host_id(node_name: str) -> str:

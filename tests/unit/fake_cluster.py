@@ -23,7 +23,7 @@ from hive_apps.core.devices import NodeSample
 from hive_apps.core.planning.adapter_source import adapter_or_error
 from hive_apps.core.planning.source_profile import metadata_dir
 from hive_apps.core.planning.types import Plan
-from hive_apps.serving.engine.protocol import EngineLoad
+from hive_apps.serving.engine.protocol import EngineLoad, SleepReport
 
 HEALTHY, UPDATING, FAILED = "HEALTHY", "UPDATING", "DEPLOY_FAILED"
 
@@ -85,17 +85,17 @@ class FakeEngine:
     state, so it outlives handles) it sleeps in place like vLLM's sleep mode."""
 
     def __init__(self, devices: list[str], start_s: float, load: Callable[[], EngineLoad],
-                 sleep: FakeSleep | None = None):
-        self.devices, self.start_s, self._load, self._sleep = devices, start_s, load, sleep
+                 sleep: FakeSleep | None = None, loaded: list[dict] | None = None):
+        self.devices, self.start_s, self._load, self._sleep, self.loaded = devices, start_s, load, sleep, loaded
 
     def info(self) -> dict:
         return {"devices": self.devices, "engine_start_s": self.start_s, "warm_up_s": 0.25,
-                "can_sleep": self._sleep is not None}
+                "can_sleep": self._sleep is not None, "loaded": self.loaded}
 
-    def sleep(self, level: int) -> float:
+    def sleep(self, level: int) -> SleepReport:
         self._sleep.calls.append(f"sleep{level}")
         self._sleep.level = self._sleep.level or level
-        return 0.1
+        return SleepReport(sleep_s=0.1, residual_bytes=self._sleep.residual)
 
     def wake_up(self) -> dict:
         self._sleep.calls.append(f"wake{self._sleep.level}")
@@ -113,6 +113,7 @@ class FakeEngine:
 class FakeSleep:
     level: int = 0
     corrupt: bool = False  # its wake brings the weights back wrong
+    residual: dict[str, int] | None = None  # what it says it still holds per device once asleep (None: unmeasured)
     calls: list[str] = field(default_factory=list)
 
 
@@ -132,6 +133,7 @@ class FakeCluster:
         self.planner_cache = Path(tempfile.mkdtemp(prefix="fake-cluster-planner-"))
         self.handles: dict[str, Any] = {names.PLANNER_APP: LocalHandle(Planner(lambda: self.planner_cache))}
         self.start_mode: dict[str, str] = {}  # model id -> "ok" (default) | "fail" | "hang"
+        self.loaded: dict[tuple[str, int], list[dict]] = {}  # (model id, replica) -> per rank, as vLLM engines report it
         self.deleted: list[str] = []
         self.loads: dict[str, EngineLoad] = {}  # model id -> what each of its engines reports
         self.sleepy: dict[tuple[str, int], FakeSleep] = {}  # engines that can sleep in place
@@ -189,7 +191,7 @@ class FakeCluster:
     def engine_handle(self, model_id: str, index: int) -> Any:
         rp = next(rp for rp in self.apps[model_id].plan.replicas if rp.index == index)
         return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index, load=lambda: self.loads.get(model_id, EngineLoad()),
-                                      sleep=self.sleepy.get((model_id, index))))
+                                      sleep=self.sleepy.get((model_id, index)), loaded=self.loaded.get((model_id, index))))
 
     # --- nodes --------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:

@@ -69,9 +69,14 @@ class FakeNvml:
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
 
-    def __init__(self, cards: list[FakeCard], *, init_error: str | None = None):
+    def __init__(self, cards: list[FakeCard], *, init_error: str | None = None,
+                 driver_version: str | None = "580.65.06", cuda_driver_version: int | None = 13000):
+        """``driver_version`` / ``cuda_driver_version`` (NVML's encoding: 13000 is CUDA 13.0): the
+        node's driver, by default the CUDA 13.0 GA one that vLLM 0.32 needs; None: Not Supported."""
         self.cards = cards
         self.init_error = init_error
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
         self.initialised = 0
         self.calls: list[str] = []
 
@@ -90,6 +95,18 @@ class FakeNvml:
     def nvmlDeviceGetCount(self) -> int:
         self._live()
         return len(self.cards)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._live()
+        if self.driver_version is None:
+            raise NVMLError(3, "Not Supported")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._live()
+        if self.cuda_driver_version is None:
+            raise NVMLError(3, "Not Supported")
+        return self.cuda_driver_version
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeCard:
         self._live()

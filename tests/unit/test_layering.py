@@ -31,8 +31,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the vocabulary every app shares: names, settings, the deploy spec, the engine's wire contract
     ("shared", ("", "core", "core.names", "core.settings", "core.auth", "core.openai_errors", "serving.request_ids",
                 "ops.serve_env", "core.vllm_args", "core.spec", "core.ports", "models", "serving.engine.protocol")),
-    # what a node has: device samples and the GPU catalog (read by planning, the seam, the registry)
-    ("devices", ("core.devices", "core.catalog", "control.registry.monitor", "control.registry.samples")),
+    # what a node has: device samples, the GPU catalog and the driver floor (read by planning, the seam, the registry)
+    ("devices", ("core.devices", "core.catalog", "core.drivers", "control.registry.monitor",
+                 "control.registry.samples")),
     # pure core: profiles, vLLM's memory model, placement and sizing (control/planner.py is its Serve shell)
     ("planning", ("core.planning",)),
     # pure state and rules: the registry's ledger, records and transitions, the lifecycle rules, and

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from hive_apps.control.admin.schemas import AdminError
 from hive_apps.core.planning.adapter_source import AdapterCheck
 from hive_apps.core.spec import AdapterSpec
-from hive_apps.core.state.records import ENDED, LISTED, AdapterRecord, ModelStatus
+from hive_apps.core.state.records import ENDED, LISTED, SERVING, AdapterRecord, ModelStatus
 from hive_apps.core.state.transitions import CreateAdapter, DeleteAdapter
 from hive_apps.core.weights.types import SourceKind
 
@@ -48,14 +48,18 @@ class AdapterStatus(BaseModel):
     created_at: float
     serving: bool  # its base is listed on /v1 (serving, or asleep: a request wakes it)
     base_status: str  # its base's status, or "missing" (a declared base dropped from the config)
+    # the base's replicas whose engine holds it now, read from the engines (their load reports), so a
+    # restart of the admin or the registry loses nothing: the engines are where it is loaded
+    loaded_on: list[str] = []
     openai_v1: str = "/v1"
 
     @classmethod
-    def of(cls, rec: AdapterRecord, base_status: ModelStatus | None) -> AdapterStatus:
+    def of(cls, rec: AdapterRecord, base_status: ModelStatus | None, loaded_on: list[str] | None = None) -> AdapterStatus:
         return cls(model_id=rec.model_id, base=rec.base, source=rec.source, revision=rec.weights.revision,
                    rank=rec.rank, alpha=rec.alpha, target_modules=rec.target_modules,
                    base_model_name=rec.base_model_name, bytes=rec.bytes, created_at=rec.created_at,
-                   serving=base_status in LISTED, base_status=base_status.value if base_status else "missing")
+                   serving=base_status in LISTED, base_status=base_status.value if base_status else "missing",
+                   loaded_on=loaded_on or [])
 
 
 async def admit_adapter(admin: AdminService, spec: AdapterSpec) -> AdapterRecord:
@@ -133,6 +137,15 @@ async def unload_everywhere(admin: AdminService, rec: AdapterRecord) -> list[str
     return [r for r in found if r]
 
 
-async def adapter_status(admin: AdminService, rec: AdapterRecord) -> AdapterStatus:
+async def adapter_status(admin: AdminService, rec: AdapterRecord,
+                         held: dict[str, dict[str, list[str]]] | None = None) -> AdapterStatus:
+    """``held``: base -> replica -> adapters its engine holds, shared by the adapters of one listing
+    (each base's engines are asked once)."""
+    held = {} if held is None else held
     base = await admin.registry.get_model.remote(rec.base)
-    return AdapterStatus.of(rec, base.status if base is not None else None)
+    if base is not None and rec.base not in held:
+        serving = base.status in SERVING and base.resident
+        loads = await admin.lifecycle.replica_loads(base) if serving else {}
+        held[rec.base] = {replica: ld.adapters for replica, ld in loads.items()}
+    on = sorted(r for r, names in held.get(rec.base, {}).items() if rec.model_id in names)
+    return AdapterStatus.of(rec, base.status if base is not None else None, on)

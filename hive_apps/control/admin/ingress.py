@@ -400,7 +400,8 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
 
     @app.get("/adapters", responses=error_responses(401))
     async def list_adapters():
-        return {"adapters": [(await adapter_status(admin, a)).model_dump(mode="json")
+        held: dict[str, dict[str, list[str]]] = {}
+        return {"adapters": [(await adapter_status(admin, a, held)).model_dump(mode="json")
                              for a in await admin.registry.list_adapters.remote()]}
 
     @app.get("/adapters/{model_id}", responses=error_responses(401, 404))
@@ -462,7 +463,8 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
 
     @app.get("/nodes", responses=error_responses(401))
     async def nodes():
-        """Every node's host RAM (CPU engines live there), the devices on it and its weight-cache disk."""
+        """Every node's host RAM (CPU engines live there), the devices on it, its weight-cache disk, its
+        NVIDIA driver (and the CUDA that driver runs) and the CUDA its torch was built for."""
         disks = await admin.caches.disks()
         return {"nodes": [{**s.model_dump(mode="json"), "weights_disk": disks.get(s.node_name)}
                           for s in await admin.registry.node_states.remote()]}

@@ -57,6 +57,7 @@ class ReplicaLoad(BaseModel):
     prompt_tokens_total: int = 0  # and these, as its engine reports them (EngineLoad): tokens/s and p50 TTFT
     generation_tokens_total: int = 0
     ttft: TTFTHistogram = TTFTHistogram()
+    adapters: list[str] = []  # LoRA adapters its engine holds now (GET /admin/adapters: loaded_on)
 
 
 class Room(BaseModel):
@@ -85,6 +86,14 @@ def fits_in_place(plan: Plan, devices: list[DeviceCapacity]) -> PlanOutcome:
         return PlanOutcome(status_code=503, error="its engines sleep in place and their devices are full: "
                                                   + "; ".join(short))
     return PlanOutcome(plan=plan)
+
+
+def with_freed(devices: list[DeviceCapacity], freed: dict[str, int]) -> list[DeviceCapacity]:
+    """The devices as if ``freed`` bytes (device id -> bytes) were back on them."""
+    if not freed:
+        return devices
+    return [d.model_copy(update={"available_bytes": d.available_bytes + freed.get(d.device.id, 0),
+                                 "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
 
 
 class Lifecycle(ControlPlane):
@@ -134,7 +143,7 @@ class Lifecycle(ControlPlane):
                                                            requests_total=ld.requests_total,
                                                            prompt_tokens_total=ld.prompt_tokens_total,
                                                            generation_tokens_total=ld.generation_tokens_total,
-                                                           ttft=ld.ttft)
+                                                           ttft=ld.ttft, adapters=ld.adapters)
                 for rp, ld in zip(live, loads) if not isinstance(ld, Exception)}
 
     async def _loads(self, rec: ModelRecord, indices: list[int]) -> list[EngineLoad | Exception]:
@@ -235,10 +244,7 @@ class Lifecycle(ControlPlane):
         """Plan as if ``freed`` bytes (device id -> bytes) were back on their devices; ``in_place``:
         a plan whose engines sleep on their devices, which fits there or nowhere; ``weights``: the
         source's listing, once read (the same revision in every plan of one search)."""
-        if freed:
-            devices = [d.model_copy(update={
-                "available_bytes": d.available_bytes + freed.get(d.device.id, 0),
-                "free_bytes": d.free_bytes + freed.get(d.device.id, 0)}) for d in devices]
+        devices = with_freed(devices, freed)
         if in_place is not None:
             return fits_in_place(in_place, devices)
         return await self.planner.plan.remote(spec, devices, None, as_asked, weights)
@@ -266,6 +272,8 @@ class Lifecycle(ControlPlane):
         records = [r for r in everyone if r.model_id != spec.model_id]
         itself = next((r for r in everyone if r.model_id == spec.model_id), None)  # a wake (a deploy has none)
         devices = await self.registry.capacities.remote()
+        if in_place is not None:  # what its engines asleep there still hold is booked already: its wake needs the rest
+            devices = with_freed(devices, await self._held_by([spec.model_id]))
         outcome = await self._plan_with(spec, devices, {}, as_asked, in_place, weights)
         if outcome.plan is not None:
             return Room(plan=outcome.plan)

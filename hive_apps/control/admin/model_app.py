@@ -36,9 +36,14 @@ def engine_class(engine: str) -> type:
 
 
 def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
-    """Pin to the node by its id label, and to physical GPUs by CUDA_VISIBLE_DEVICES (never num_gpus)."""
+    """Pin to the node by its id label, and to physical GPUs by CUDA_VISIBLE_DEVICES (never num_gpus).
+
+    The indices are NVML's, which count GPUs in PCI bus order; CUDA counts fastest first unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so without it "1" can open another card on a mixed node. The
+    engine checks the UUIDs it opened (serving/engine/cuda_devices.py)."""
     env: dict[str, str] = dict(ENGINE_ENV)
     if rp.device_kind is DeviceKind.GPU:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in rp.device_indices)
     return {
         "num_cpus": 0,

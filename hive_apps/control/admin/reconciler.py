@@ -14,8 +14,8 @@ killed at any point: a new admin replica reads the same record and takes the sam
     deleting           drain (bounded), rebuild the app without engines -> ``deleted`` (or destroyed, for
                        idleness), then remove the app (its router may drain 30 s behind HAProxy)
     sleeping           resident: drain (bounded); engines that can sleep (vLLM sleep mode) -> ``doze``
-                       (the registry picks level 1 or 2), put them to sleep -> ``dozed``; others:
-                       rebuild the app with its router only -> ``parked``
+                       (the registry picks level 1 or 2), put them to sleep -> ``dozed`` with what each
+                       still holds (it stays booked); others: rebuild the app with its router only -> ``parked``
     waking             parked: plan, making room by putting others to sleep -> ``placed``, then as
                        deploying; asleep in place: make room on its own devices -> ``placed``, wake
                        the engines and check their answer -> ``started`` (a failed wake in place
@@ -38,11 +38,13 @@ from hive_apps.control.admin.failures import failure_reason
 from hive_apps.control.admin.model_app import build_model_app
 from hive_apps.control.cluster import MISSING, AppState, Cluster, ControlPlane, off_loop
 from hive_apps.core import names
+from hive_apps.core.planning.drift import Loaded
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.book import heal_backoff_s
 from hive_apps.core.state.records import ENDED, STARTING, ModelRecord, ModelStatus, Reservation, SleepMode
 from hive_apps.core.weights.types import FetchProgress, FetchState
+from hive_apps.serving.engine.protocol import SleepReport
 
 if TYPE_CHECKING:
     from hive_apps.control.admin.lifecycle import Lifecycle
@@ -57,6 +59,13 @@ SLEEP_TIMEOUT_S = 300.0  # an engine's own sleep or wake (level 1 of a large mod
 APPLY_GRACE_S = 3.0
 HEALTHY = "HEALTHY"
 BROKEN = ("UNHEALTHY", "DEPLOY_FAILED")
+
+
+def residuals(slept: dict[str, Any]) -> dict[int, dict[str, int]]:
+    """What each engine said it still holds once asleep (``SleepReport``), by replica index; an engine
+    that measured nothing (or one started before engines reported it) is left to the plan's estimate."""
+    return {names.replica_index(label): report.residual_bytes for label, report in slept.items()
+            if isinstance(report, SleepReport) and report.residual_bytes is not None}
 
 
 def is_model_app(state: AppState) -> bool:
@@ -237,11 +246,11 @@ class Reconciler(ControlPlane):
         elif rec.sleeps_in_place:
             level = 1 if rec.sleep_mode is SleepMode.LEVEL1 else 2
             try:
-                await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
+                slept = await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
             except Exception as e:
                 log.warning("%s: its engines did not sleep (%s); parking it instead", rec.model_id, e)
             else:
-                await self._ask(t.Dozed(model_id=rec.model_id, version=rec.version))
+                await self._ask(t.Dozed(model_id=rec.model_id, version=rec.version, residuals=residuals(slept)))
                 return None
         await self._park(rec)
         return None
@@ -398,8 +407,10 @@ class Reconciler(ControlPlane):
                 def times(key: str) -> dict[str, float]:
                     return {k: round(i[key], 3) for k, i in infos.items() if i is not None and i.get(key) is not None}
 
+                loaded = {k: [Loaded.model_validate(r) for r in i["loaded"]]
+                          for k, i in infos.items() if i is not None and i.get("loaded")}
                 await self._ask(t.Started(model_id=rec.model_id, version=rec.version, engine_start_s=times("engine_start_s"),
-                                warm_up_s=times("warm_up_s")))
+                                warm_up_s=times("warm_up_s"), loaded=loaded or None))
                 return 0.0  # degraded models go on to heal
         # Serve's status can lag a rebuild: judge a failure only once it had time to take the new plan
         settled = self.clock() - rec.applied_at >= self.apply_grace_s

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from hive_apps.core import names
 from hive_apps.core.auth import valid_node_name
+from hive_apps.core.planning.drift import Loaded, loaded_drift
 from hive_apps.core.planning.types import EngineSettings, MemoryBreakdown, Rejection
 from hive_apps.core.state.records import (
     IllegalState,
@@ -30,6 +31,7 @@ class ReplicaStatus(BaseModel):
     memory: MemoryBreakdown
     reservation_bytes: int
     engine_start_s: float | None = None
+    loaded: list[Loaded] = []  # per rank: what vLLM loaded (weights, CUDA-graph pool), read at start
 
 
 class ModelStatusResponse(BaseModel):
@@ -91,13 +93,14 @@ class ModelStatusResponse(BaseModel):
                     node=rp.node_name, devices=rp.devices, device_kind=rp.device_kind.value,
                     settings=rp.settings, memory=rp.memory, reservation_bytes=rp.reservation_bytes,
                     engine_start_s=rec.engine_start_s.get(names.replica_label(rp.index)),
+                    loaded=rec.loaded.get(names.replica_label(rp.index), []),
                 )
                 for rp in rec.plan.replicas
             },
             rejected=rec.plan.rejected,
             notes=rec.plan.notes,
             lost_replicas=rec.lost_replicas,
-            drift=rec.drift,
+            drift={**rec.drift, **_loaded_drift(rec)},
             created_at=rec.created_at,
             ready_at=rec.ready_at,
             deploy_seconds=round(rec.ready_at - rec.created_at, 2) if rec.ready_at else None,
@@ -110,6 +113,16 @@ class ModelStatusResponse(BaseModel):
             last_wake=rec.last_wake,
             origin=rec.origin,
         )
+
+
+def _loaded_drift(rec: ModelRecord) -> dict[str, str]:
+    """"r0 weights" -> how what vLLM loaded differs from the plan (beside the registry's NVML drift)."""
+    out = {}
+    for rp in rec.plan.replicas:
+        label = names.replica_label(rp.index)
+        for term, what in loaded_drift(rp.memory.weights, rp.memory.cuda_graphs, rec.loaded.get(label, [])).items():
+            out[f"{label} {term}"] = what
+    return out
 
 
 def _state(rec: ModelRecord) -> ModelState | None:

@@ -43,7 +43,7 @@ from hive_apps.control.cluster import NodeInfo, get_cluster, off_loop
 from hive_apps.control.registry.monitor import node_name_of
 from hive_apps.control.registry.samples import node_problems, sample_problems
 from hive_apps.control.registry.store import StateStore
-from hive_apps.core.devices import NodeSample
+from hive_apps.core.devices import DeviceKind, NodeSample
 from hive_apps.core.planning.types import DeviceCapacity
 from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.core.state.book import Change, ModelBook, TransitionError
@@ -202,12 +202,15 @@ class Registry:
     def _prefer_agent(self, node_id: str, sample: NodeSample) -> NodeSample:
         """A fresh sample pushed by a standalone agent for this node wins over the Ray monitor's for
         its GPUs; host RAM (and a CPU node's CPU device) stay the Ray monitor's: the agent's
-        container is not where the node's engines and sleepers live."""
+        container is not where the node's engines and sleepers live, nor is its torch (the GPUs
+        keep the Ray monitor's ``cuda_runtime``)."""
         pushed = self.pushed.get(sample.node_name)
         ttl = max(5.0, 3 * self.settings.monitor_interval_s)
         if pushed is None or self.clock() - pushed.sampled_at > ttl:
             return sample
-        gpus = [d.model_copy(update={"node_id": node_id}) for d in pushed.devices if d.kind.is_gpu]
+        gpus = [d.model_copy(update={"node_id": node_id,
+                                     "cuda_runtime": sample.cuda_runtime if d.kind is DeviceKind.GPU else None})
+                for d in pushed.devices if d.kind.is_gpu]
         devices = gpus + [d for d in sample.devices if not d.kind.is_gpu]
         return sample.model_copy(update={"devices": devices, "error": pushed.error, "source": pushed.source,
                                          "sampled_at": pushed.sampled_at})

@@ -17,6 +17,7 @@ never a CPU device in their place.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 
 from hive_apps.core.catalog import identify, lookup
 from hive_apps.core.devices import Device, DeviceKind, NodeSample, device_id
+from hive_apps.core.drivers import nvml_cuda_version
 
 NODE_NAME_LABEL = "ray-hive/node"
 SIM_GPUS_LABEL = "ray-hive/sim-gpus"
@@ -89,11 +91,45 @@ class NvmlReading(BaseModel):
     error: str | None = None  # NVML could not be used at all (the reason)
 
 
+TORCH_CUDA = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", re.MULTILINE)
+
+
+def torch_cuda_runtime() -> str | None:
+    """The CUDA this node's torch was built for ("13.0"), or None without torch or for a CPU build.
+
+    Read from ``torch/version.py`` (``cuda: Optional[str] = '13.0'``), never by importing torch:
+    the monitor runs every second in a small actor and in the agent, where importing torch would
+    cost seconds and hundreds of MB.
+    """
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    text = _read(os.path.join(folders[0], "version.py")) if folders else None
+    m = TORCH_CUDA.search(text or "")
+    return m.group(1) if m else None
+
+
+def read_driver(nvml: Any) -> dict[str, str | None]:
+    """The node's NVIDIA driver version and the CUDA version it supports, as Device fields
+    (None where NVML does not answer)."""
+    def call(name: str) -> Any:
+        fn = getattr(nvml, name, None)  # a binding (or a test's fake) without the function
+        return None if fn is None else _optional(nvml, fn)
+
+    driver = call("nvmlSystemGetDriverVersion")
+    cuda = call("nvmlSystemGetCudaDriverVersion_v2")  # nvidia-ml-py >= 12.535 (pyproject) has it
+    return {"driver_version": None if driver is None else _text(driver),
+            "cuda_driver_version": None if cuda is None else nvml_cuda_version(int(cuda))}
+
+
 def read_nvml_gpus(node_id: str, node_name: str) -> NvmlReading:
     """Every physical GPU NVML sees, identified against the catalog; ``error`` where NVML fails.
 
     A device whose own queries fail is reported with its ``error`` set (and no memory), so
-    the registry shows it and the planner never places on it.
+    the registry shows it and the planner never places on it. Each readable GPU carries the
+    node's driver and CUDA versions (``read_driver``, ``torch_cuda_runtime``).
     """
     try:
         nvml = _pynvml()
@@ -109,9 +145,10 @@ def read_nvml_gpus(node_id: str, node_name: str) -> NvmlReading:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as exc:
             return NvmlReading(error=f"nvmlDeviceGetCount failed: {exc}")
+        versions = {**read_driver(nvml), "cuda_runtime": torch_cuda_runtime()}
         for i in range(count):
             try:
-                devices.append(_read_device(nvml, node_id, node_name, i))
+                devices.append(_read_device(nvml, node_id, node_name, i).model_copy(update=versions))
             except nvml.NVMLError as exc:
                 devices.append(unreadable_gpu(node_id, node_name, i, f"NVML could not read GPU {i}: {exc}"))
     finally:
@@ -326,4 +363,5 @@ def sample_node(node_id: str, labels: dict[str, str], source: str = "ray-monitor
     return NodeSample(
         node_id=node_id, node_name=name, host_total_bytes=total, host_used_bytes=used,
         cpu_count=os.cpu_count() or 1, devices=devices, sampled_at=time.time(), source=source, error=error,
+        cuda_runtime=torch_cuda_runtime(),
     )

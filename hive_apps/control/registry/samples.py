@@ -13,6 +13,7 @@ import re
 
 from hive_apps.control.registry.monitor import SIM_GPUS_LABEL
 from hive_apps.core.devices import Device, DeviceKind, NodeSample, device_id
+from hive_apps.core.drivers import VERSION
 
 MAX_DEVICE_BYTES = 2**40  # 1 TiB: no accelerator today comes near it
 MAX_HOST_BYTES = 64 * 2**40
@@ -32,6 +33,8 @@ def sample_problems(sample: NodeSample) -> list[str]:
         problems.append(f"cpu_count must be >= 1, got {sample.cpu_count}")
     if len(sample.devices) > MAX_DEVICES:
         problems.append(f"{len(sample.devices)} devices; at most {MAX_DEVICES} per node")
+    if sample.cuda_runtime is not None and not VERSION.fullmatch(sample.cuda_runtime):
+        problems.append("cuda_runtime must be a version such as 13.0")
     seen_ids, seen_indices, seen_uuids = set(), set(), set()  # type: set[object], set[object], set[object]
     for d in sample.devices:
         where = f"device {d.id!r}"
@@ -50,6 +53,10 @@ def sample_problems(sample: NodeSample) -> list[str]:
             value = getattr(d, name, None)
             if value is not None and (not math.isfinite(value) or value < 0):
                 problems.append(f"{where}: {name} must be a finite, non-negative number")
+        for name in ("driver_version", "cuda_driver_version", "cuda_runtime"):  # the planner compares them
+            text = getattr(d, name)
+            if text is not None and not VERSION.fullmatch(text):
+                problems.append(f"{where}: {name} must be a version such as 580.65.06 or 13.0")
         for seen, key, label in ((seen_ids, d.id, "id"), (seen_indices, (d.kind, d.index), "index"),
                                  (seen_uuids, d.uuid, "uuid")):
             if key is None:
@@ -81,7 +88,8 @@ def node_problems(pushed: NodeSample, own: NodeSample, labels: dict[str, str]) -
       could not place on anyway.
     - ``sim-gpu`` only on a node labelled ``ray-hive/sim-gpus``.
     - Each device the Ray monitor could read: total bytes within 1 %, the same name (a bounded set
-      of metric series) and the same UUID. One it could not read is bounded by ``sample_problems``.
+      of metric series), the same UUID and the same driver versions (the planner refuses a GPU by
+      them). One it could not read is bounded by ``sample_problems``.
     - Host RAM (and a CPU device) not above the Ray monitor's by more than 1 %: an agent's own
       container may be capped lower, so less is fine; the registry keeps the Ray monitor's host
       figures either way.
@@ -110,6 +118,9 @@ def node_problems(pushed: NodeSample, own: NodeSample, labels: dict[str, str]) -
             problems.append(f"{key}: named {d.name!r}, but the Ray monitor reads {mine.name!r}")
         if mine.uuid is not None and d.uuid != mine.uuid:
             problems.append(f"{key}: uuid {d.uuid!r} is not the Ray monitor's {mine.uuid!r}")
+        for name in ("driver_version", "cuda_driver_version"):  # one driver per host: the planner trusts it
+            if getattr(mine, name) is not None and getattr(d, name) != getattr(mine, name):
+                problems.append(f"{key}: {name} {getattr(d, name)!r} is not the Ray monitor's {getattr(mine, name)!r}")
     if own.host_total_bytes > 0 and pushed.host_total_bytes > own.host_total_bytes * (1 + BYTES_TOLERANCE):
         problems.append(f"host memory: host_total_bytes {pushed.host_total_bytes} is above the Ray monitor's "
                         f"{own.host_total_bytes} on {node!r}")

@@ -14,10 +14,11 @@ The model follows how vLLM 0.32's V1 engine sizes itself on a CUDA GPU
 
 Everything but the context sits inside ``gpu_memory_utilization x total``. On a CPU device the
 same terms live in host RAM, without context or graphs, plus the resident size of the engine's
-processes. vLLM *measures* the non-KV terms while it starts; the constants below are
-estimates that err on the large side, each with its source, and should be recalibrated from
-a real start-up's log line "Actual usage is A GiB for consumed memory (weights + non-torch),
-P GiB for peak activation, and G GiB for CUDAGraph memory".
+processes. The hive always sets ``kv_cache_memory_bytes``, and vLLM then skips its own profiling:
+an estimate below the truth is a CUDA OOM, not a smaller cache. So the constants below err on
+the large side, each with its source. A GPU start still logs "Model loading took W GiB" and
+"Graph capturing finished in S secs, took G GiB"; the engine reports both, and the registry's
+drift check compares them with the plan (``hive_apps/serving/engine/vllm_engine.py``).
 """
 
 from __future__ import annotations
@@ -29,23 +30,53 @@ from pydantic import BaseModel
 
 from hive_apps.core.planning.lora import lora_memory
 from hive_apps.core.planning.profile import ModelProfile
-from hive_apps.core.planning.types import MemoryBreakdown
+from hive_apps.core.planning.types import MemoryBreakdown, ReplicaPlan
 from hive_apps.core.spec import LoraSpec
 
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
 
-# CUDA context + early allocations before vLLM's memory snapshot; outside the util budget.
-# Research note §A1: "~0.3-0.6 GiB/process"; one process per device (TP=1: the worker lives in
-# EngineCore; TP>1: one worker per rank).
-CUDA_CONTEXT_BYTES = 512 * MIB
-# Non-torch memory that grows during start-up (cuBLAS/cuDNN workspaces, attention backend
-# buffers) plus torch runtime buffers (input ids, positions, block tables, sampling
-# metadata). Research note §A1 "non_torch_increase"; the original ray-hive used 0.25 GiB.
-GPU_RUNTIME_BYTES = 256 * MIB
-# NCCL buffers and custom all-reduce workspaces per rank when TP > 1 (original ray-hive: +0.5 GiB).
-TP_COMM_BYTES = 512 * MIB
+# The CUDA runtime the installed vLLM brings: vLLM 0.32 pins torch 2.13, built for CUDA 13.0.
+# Nodes whose driver cannot run it are refused by placement; the figures below are for it.
+VLLM_CUDA_MAJOR = 13
+# CUDA context + early allocations before vLLM's memory snapshot, one per process on a device
+# (TP=1: the worker lives in EngineCore; TP>1: one worker per rank); outside the util budget.
+# By the CUDA major of the runtime, where they differ:
+#   12: 512 MiB, research note §A1 ("~0.3-0.6 GiB/process") and the original ray-hive;
+#   13: 610 MiB, measured on an H200 (driver 580, torch 2.11 for CUDA 13.0) by
+#       benchmarks/gpu_calibrate.py: process NVML use minus torch's reserved bytes (issue #24).
+CUDA_CONTEXT_BYTES_BY_MAJOR = {12: 512 * MIB, 13: 610 * MIB}
+CUDA_CONTEXT_BYTES = CUDA_CONTEXT_BYTES_BY_MAJOR[VLLM_CUDA_MAJOR]
+# Non-torch memory that grows during start-up, inside the util budget, in three parts:
+#   torch runtime buffers (input ids, positions, block tables, sampling metadata) and cuDNN:
+#     256 MiB, research note §A1 "non_torch_increase" and the original ray-hive's 0.25 GiB;
+#   cuBLAS handle and workspace: 66 MiB, measured on the H200 above (first matmul, gpu_calibrate);
+#   the attention backend's workspace: FlashInfer's fixed buffer, 394 MiB
+#     (vllm/envs.py VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE, allocated in
+#     v1/attention/backends/flashinfer.py). vLLM 0.32 picks FlashInfer on Blackwell (SM 10.x,
+#     platforms/cuda.py) and where FlashAttention cannot take the KV dtype (fp8 KV below
+#     Hopper); FlashAttention's own workspace is small. The planner books the FlashInfer buffer
+#     on every GPU: with kv_cache_memory_bytes set vLLM skips its profiling, so a backend the
+#     plan did not foresee would be a CUDA OOM, not a smaller KV cache.
+TORCH_RUNTIME_BYTES = 256 * MIB
+CUBLAS_WORKSPACE_BYTES = 66 * MIB
+ATTENTION_WORKSPACE_BYTES = 394 * MIB
+GPU_RUNTIME_BYTES = TORCH_RUNTIME_BYTES + CUBLAS_WORKSPACE_BYTES + ATTENTION_WORKSPACE_BYTES
+# NCCL buffers and custom all-reduce workspaces per rank when TP > 1. NCCL keeps buffers per peer
+# and channel (NCCL_BUFFSIZE 4 MiB by default), so the figure grows with the group: 512 MiB at
+# TP 2 (the original ray-hive's +0.5 GiB) and about 1 GiB per GPU at TP 4 (issue #24's reading
+# of NCCL 2.29 under vLLM 0.32), i.e. 256 MiB per rank of the group; vLLM's custom all-reduce
+# adds its 8 MiB buffer (distributed/device_communicators/custom_all_reduce.py, max_size).
+TP_COMM_BYTES_PER_RANK = 256 * MIB
+TP_COMM_BYTES = 2 * TP_COMM_BYTES_PER_RANK  # at TP 2, the smallest group
+
+
+def tp_comm_bytes(tp: int) -> int:
+    """NCCL and all-reduce buffers on each rank of a ``tp``-wide group (none alone)."""
+    return TP_COMM_BYTES_PER_RANK * tp if tp > 1 else 0
+
+
 # CUDA graphs (FULL_AND_PIECEWISE, default): a shared pool sized by the largest captured batch
 # plus per-graph node memory. Sizes are [1,2,4] + 8..248 step 8 + 256..cap step 16 with
 # cap = min(2 x max_num_seqs, 512, max_num_batched_tokens) (research note §A3). Observed
@@ -195,7 +226,7 @@ def runtime_bytes(profile: ModelProfile, tp: int, on_cpu: bool, vllm_kwargs: dic
             gb = (vllm_kwargs or {}).get("mm_processor_cache_gb", MM_PROCESSOR_CACHE_DEFAULT_GB)
             inside += int(2 * float(gb) * GIB)
         return 0, inside
-    return CUDA_CONTEXT_BYTES, GPU_RUNTIME_BYTES + (TP_COMM_BYTES if tp > 1 else 0)
+    return CUDA_CONTEXT_BYTES, GPU_RUNTIME_BYTES + tp_comm_bytes(tp)
 
 
 def kv_need(profile: ModelProfile, max_model_len: int, tp: int, block_size: int,
@@ -291,9 +322,11 @@ class Frame:
 
     def estimate(self, seqs: int, kv_bytes: int | None = None) -> MemoryEstimate:
         kv = self.kv_bytes(seqs) if kv_bytes is None else kv_bytes
+        graphs = self.graphs(seqs)
         memory = MemoryBreakdown(weights=self.weights, kv_cache=kv * self.ranks,
                                  activations=self.activations(seqs) * self.ranks,
-                                 overhead=self.context + self.inside + self.graphs(seqs), lora=self.lora_bytes(seqs))
+                                 overhead=self.context + self.inside + graphs, lora=self.lora_bytes(seqs),
+                                 cuda_graphs=graphs)
         return MemoryEstimate(memory=memory, context_bytes=self.context, kv_per_sequence=self.per_seq * self.ranks,
                               kv_block_bytes=self.block * self.ranks)
 
@@ -309,6 +342,32 @@ def estimate(profile: ModelProfile, *, tp: int, on_cpu: bool, max_model_len: int
                   block_size=block_size, hybrid_manager=hybrid_manager, vllm_kwargs=vllm_kwargs,
                   prefix_caching=prefix_caching, lora=lora)
     return frame.estimate(max_num_seqs, kv_bytes)
+
+
+# What a device keeps of an engine asleep in place (vLLM 0.32, ``Worker.sleep`` in
+# vllm/v1/worker/gpu_worker.py and ``CuMemBackend.suspend``): the sleep frees the cuMem pools
+# (weights and KV cache; level 1 copies the weights to host RAM) and its workspace, and copies its
+# runtime pool to host RAM. It keeps the CUDA context; the CUDA-graph pool unless the engine was
+# started with ``sleep_mode_offload_cudagraph`` (then the graphs go to host RAM too); and at TP > 1
+# the NCCL communicators' buffers unless it was started with ``enable_nccl_comm_suspend``
+# (core/planning/sizing.py starts sleepable engines with both).
+
+
+def sleep_residual_bytes(replica: ReplicaPlan) -> int:
+    """What each device of ``replica`` still holds by plan while its engine sleeps in place: the CUDA
+    context, the graph pool unless offloaded, NCCL unless suspended (as ``engine_kwargs`` started it).
+    The registry books it where the engine measured nothing (and the sim engine holds exactly it)."""
+    if not replica.device_kind.is_gpu:
+        return 0  # vLLM has no sleep mode on CPU: such an engine parks
+    comm = tp_comm_bytes(replica.settings.tensor_parallel_size)
+    # the plan's graph pool; a plan stored before it was a field of its own has it inside overhead
+    graphs = replica.memory.cuda_graphs or max(0, replica.memory.overhead - CUDA_CONTEXT_BYTES - GPU_RUNTIME_BYTES - comm)
+    kept = CUDA_CONTEXT_BYTES
+    if not replica.engine_kwargs.get("sleep_mode_offload_cudagraph"):
+        kept += graphs
+    if not replica.engine_kwargs.get("enable_nccl_comm_suspend"):
+        kept += comm
+    return min(kept, replica.reservation_bytes)
 
 
 def human_bytes(n: float) -> str:

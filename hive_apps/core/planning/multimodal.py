@@ -26,6 +26,13 @@ Per family (each function below cites the vLLM code it mirrors):
   ``max_image_size.longest_edge`` plus one global image; each tile is ``image_seq_len =
   (image_size / patch)^2 / scale_factor^2`` tokens (pixel shuffle). Idefics3 defaults: 1456 / 364 px,
   4 x 4 tiles + 1 = 17 x 169 = 2873 tokens per image.
+* Gemma 4 (``gemma4_mm.py::Gemma4ProcessingInfo.get_mm_max_tokens_per_item``): the pooler yields at most
+  ``vision_config.default_output_length`` soft tokens per image (280), or the ``max_soft_tokens`` of
+  ``mm_processor_kwargs`` when it is one of 70, 140, 280, 560, 1120; the tower runs over ``tokens x
+  pooling_kernel_size^2`` patches. A video is up to 32 frames of 70 tokens plus 8 wrapper tokens each.
+* Llama 4 (``mllama4.py::Mllama4ProcessingInfo``, no ``get_mm_max_tokens_per_item``: vLLM measures its
+  dummy image, ``max_patches`` tiles high and one wide): ``max_patches`` tiles plus the global image, each
+  ``(image_size / patch)^2 x pixel_shuffle_ratio^2`` tokens (144 at 336 px, 16 tiles: 17 x 144 = 2448).
 * Qwen2-Audio (``qwen2_audio.py::Qwen2AudioProcessingInfo``): a 30 s clip at 16 kHz, hop
   160 = 3000 mel frames -> ``((3000 - 1) // 2 + 1 - 2) // 2 + 1`` = 750 tokens.
 
@@ -61,6 +68,15 @@ GEMMA3_PAN_AND_SCAN = {"do_pan_and_scan": False, "pan_and_scan_min_crop_size": 2
 # Idefics3VisionConfig image_size / patch_size.
 IDEFICS3_LONGEST_EDGE, IDEFICS3_TILE_EDGE, IDEFICS3_MAX_EDGE = 4 * 364, 364, 4096
 IDEFICS3_VISION_IMAGE_SIZE, IDEFICS3_VISION_PATCH = 224, 32
+# vllm/model_executor/models/gemma4_mm.py: _SUPPORTED_SOFT_TOKENS, _VIDEO_MAX_SOFT_TOKENS, _VIDEO_MAX_FRAMES, and
+# the 2 + 6 tokens around each frame (get_mm_max_tokens_per_item); <boi> and <eoi> around an image (get_image_repl).
+GEMMA4_SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)
+GEMMA4_VIDEO_TOKENS_PER_FRAME = 70
+GEMMA4_VIDEO_MAX_FRAMES = 32
+GEMMA4_VIDEO_WRAPPER_TOKENS_PER_FRAME = 2 + 6
+GEMMA4_IMAGE_WRAPPER_TOKENS = 2
+# transformers Llama4ImageProcessor default max_patches (tiles per image, without the global one).
+LLAMA4_MAX_PATCHES = 16
 # WhisperFeatureExtractor defaults (Qwen2-Audio's processor): 16 kHz, hop 160, 30 s chunks.
 WHISPER_SAMPLING_RATE = 16000
 WHISPER_HOP_LENGTH = 160
@@ -285,6 +301,50 @@ def idefics3_image(cfg: Any, vc: Any, get: Any, preprocessor: dict[str, Any] | N
     how = (f"{rows} x {rows} tiles of {tile} px + the global image" if rows else "one image, no tiling") + \
         f", {per_tile} tokens each ((image_size {image} / patch {patch})^2 / scale_factor {scale}^2)"
     return tokens, prompt, crops * (image // patch) ** 2, how
+
+
+def gemma4_items(vc: Any, get: Any, mm_kwargs: dict[str, Any]) -> dict[str, tuple[int, int, int, str]]:
+    """{modality: (tokens, prompt tokens, tower positions, how)} for Gemma 4's vision tower
+    (Gemma4ProcessingInfo.get_mm_max_tokens_per_item, _compute_num_soft_tokens)."""
+    default = get(vc, "default_output_length")
+    if default is None:
+        raise ValueError("vision_config.default_output_length is missing (vLLM's Gemma 4 reads it for the "
+                         "tokens of an image)")
+    chosen = mm_kwargs.get("max_soft_tokens")  # _get_max_soft_tokens: flat first, then images_kwargs
+    if chosen is None:
+        chosen = (mm_kwargs.get("images_kwargs") or {}).get("max_soft_tokens")
+    tokens = int(chosen) if isinstance(chosen, int) and chosen in GEMMA4_SUPPORTED_SOFT_TOKENS else int(default)
+    pool = int(get(vc, "pooling_kernel_size", default=3)) ** 2
+    frame = GEMMA4_VIDEO_TOKENS_PER_FRAME
+    video = GEMMA4_VIDEO_MAX_FRAMES * (frame + GEMMA4_VIDEO_WRAPPER_TOKENS_PER_FRAME)
+    return {
+        "image": (tokens, tokens + GEMMA4_IMAGE_WRAPPER_TOKENS, tokens * pool,
+                  f"{tokens} soft tokens (max_soft_tokens; {tokens * pool} patches pooled {pool}:1)"),
+        "video": (video, video, GEMMA4_VIDEO_MAX_FRAMES * frame * pool,
+                  f"{GEMMA4_VIDEO_MAX_FRAMES} frames of {frame} soft tokens"),
+    }
+
+
+def llama4_image(vc: Any, get: Any, preprocessor: dict[str, Any] | None,
+                 mm_kwargs: dict[str, Any]) -> tuple[int, int, int, str]:
+    """(tokens, prompt tokens, tower positions, how) of Llama 4's largest image.
+
+    vLLM's dummy image is ``max_patches`` tiles high (get_image_size_with_most_features), so it is
+    cut into ``max_patches`` tiles plus the global image; each yields ``get_patch_per_chunk`` patch
+    tokens. The prompt (Llama4Processor._prompt_split_image) adds <|image_start|>, one separator per
+    tile, <|image|> and <|image_end|>."""
+    scoped = _scoped(mm_kwargs, "images_kwargs")
+    tiles = int(scoped.get("max_patches") or (preprocessor or {}).get("max_patches") or LLAMA4_MAX_PATCHES)
+    image = int(get(vc, "image_size", default=448))
+    patch = int(get(vc, "patch_size", default=14))
+    shuffle = float(get(vc, "pixel_shuffle_ratio", default=0.5))
+    per_chunk = (image // patch) ** 2 // int(round(1.0 / (shuffle * shuffle)))
+    chunks = tiles + 1 if tiles > 1 else 1
+    tokens = chunks * per_chunk
+    prompt = tokens + (tiles if tiles > 1 else 0) + 3
+    how = (f"{tiles} tiles of {image} px + the global image, {per_chunk} tokens each "
+           f"((image_size {image} / patch {patch})^2 x pixel_shuffle_ratio {shuffle}^2)")
+    return tokens, prompt, chunks * ((image // patch) ** 2 + 1), how
 
 
 def whisper_audio(preprocessor: dict[str, Any] | None) -> tuple[int, int, str]:

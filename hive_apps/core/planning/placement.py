@@ -22,7 +22,7 @@ then ignored. The interface::
             ...                                      # best first
 
 ``rank`` is called once per automatic placement with every device that passed the hive's
-own checks for this model (engine kind, architecture taints: fp8, bf16), GPUs and CPUs
+own checks for this model (engine kind, NVIDIA driver, architecture taints: fp8, bf16), GPUs and CPUs
 together, *before* any fit check. It returns those devices (the same objects, or any with
 the same ``device.id``) best first; a device it leaves out is not used by this plan (the
 dry-run lists it as rejected: "left out by placement policy"). The hive then keeps its own
@@ -53,6 +53,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hive_apps.core.devices import DeviceKind
+from hive_apps.core.drivers import driver_problem
 from hive_apps.core.planning.memory import human_bytes
 from hive_apps.core.planning.profile import ModelProfile
 from hive_apps.core.planning.types import DeviceCapacity, PlanningError, Rejection
@@ -125,6 +126,8 @@ def kind_problem(dc: DeviceCapacity, engine: EngineKind) -> str | None:
     if dc.device.kind not in allowed_kinds(engine):
         return (f"{dc.device.kind.value} device: a simulated GPU cannot run the real vLLM "
                 "engine (use engine 'sim', or a real GPU / CPU node)")
+    if engine is EngineKind.VLLM:  # the sim engine makes no CUDA call
+        return driver_problem(dc.device)
     return None
 
 

@@ -29,6 +29,30 @@ def sleeps_in_place(spec: ModelSpec, kind: DeviceKind) -> bool:
     instead of parking): a vLLM engine on a GPU of a model that can sleep."""
     return spec.can_sleep and spec.engine is EngineKind.VLLM and kind is DeviceKind.GPU
 
+
+def sleep_release_kwargs(tp: int) -> dict[str, bool]:
+    """The vLLM options that let an engine asleep in place give back more of its devices
+    (``memory.sleep_residual_bytes`` counts what still stays). Read from vLLM 0.32's code:
+
+    - ``sleep_mode_offload_cudagraph`` (config/model.py:380): CUDA graphs are captured into a cuMem
+      pool that sleep copies to pinned host RAM at both levels and wake restores in place
+      (config/vllm.py ``use_cumem_cudagraph_pool``). It acts only with ``enable_sleep_mode``, the
+      default ``cumem`` sleep backend, CUDA graphs on (nothing to offload with ``enforce_eager``)
+      and CUDA; it sets ``NCCL_GRAPH_REGISTER=0`` (registration would pin the pool), and custom
+      all-reduce copies its buffers at capture instead of registering them (cuda_communicator.py).
+      The graphs' host-RAM copy is not booked (a level-1 sleeper books its weights there).
+    - ``enable_nccl_comm_suspend`` (config/model.py:383, "experimental"), TP > 1 only: ``Worker.sleep``
+      calls ``ncclCommSuspend`` on every device communicator after the pools (gpu_worker.py:312),
+      ``wake_up`` calls ``ncclCommResume`` (:334). It needs NCCL >= 2.29.7: pynccl.py checks for the
+      symbol and, without it, only warns and keeps the buffers. torch 2.13, which vLLM 0.32 pins,
+      pins ``nvidia-nccl-cu13==2.29.7`` (pip metadata, research/gpu-readiness-turn3.md), so it
+      suspends. vLLM's custom all-reduce buffers are not NCCL's and stay.
+    Neither has run on a GPU under the hive yet (the engine tier runs vLLM on CPU, which cannot sleep)."""
+    kwargs = {"sleep_mode_offload_cudagraph": True}
+    if tp > 1:
+        kwargs["enable_nccl_comm_suspend"] = True
+    return kwargs
+
 GPU_BATCH_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CPU_BATCH_TOKENS = (2048,)  # vLLM's CPU default for API servers; prefill on CPU is compute-bound anyway
 GPU_MAX_SEQS = 1024  # vLLM's own default on H100/H200 (research note §A3)
@@ -328,6 +352,7 @@ class Sizer:
             engine_kwargs.setdefault("distributed_executor_backend", "mp")
         if sleeps_in_place(self.spec, devs[0].device.kind):
             engine_kwargs["enable_sleep_mode"] = True  # it sleeps in place (level 1 or 2) instead of parking
+            engine_kwargs.update(sleep_release_kwargs(tp))
         notes = list(placement.notes)
         if self.spec.lora is not None:
             engine_kwargs.update(self.spec.lora.engine_kwargs())

@@ -39,6 +39,7 @@ class MemoryBreakdown(BaseModel):
     activations: int
     overhead: int  # CUDA context, CUDA graphs, runtime buffers (CPU: process overhead)
     lora: int = 0  # LoRA slots and punica buffers (on a CPU device also its adapter cache): core/planning/lora.py
+    cuda_graphs: int = 0  # the CUDA-graph pool, a part of overhead: what the loaded-drift check compares
 
     @property
     def total(self) -> int:

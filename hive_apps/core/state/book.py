@@ -21,7 +21,8 @@ for one with a typed message; ``core/state/transitions.py`` maps each onto its m
     deleted       deleting                      (removed) | destroyed   admin: its engines stop (the app goes next)
     sleep         ready | degraded              sleeping, none retiring admin: idle past sleep_timeout, or evicted
     doze          sleeping (resident)           (same), level 1 or 2    admin: drained; its engines can sleep
-    dozed         sleeping (level, resident)    (same), not resident    admin: its engines slept
+    dozed         sleeping (level, resident)    (same), not resident    admin: its engines slept (what each
+                                                (its residual booked)   still holds, measured)
     parked        sleeping | waking             (same), parked          admin: engines drained and removed
     wake          sleeping                      waking                  gateway, router: a request came
     placed        waking (not resident)         waking, resident        admin: planned (or room made in place)
@@ -49,6 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hive_apps.core import names
+from hive_apps.core.planning.drift import Loaded
+from hive_apps.core.planning.memory import sleep_residual_bytes
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.changes import spec_change
@@ -104,6 +107,14 @@ def heal_backoff_s(attempts: int, cap_s: float) -> float:
     return min(cap_s, HEAL_BACKOFF_BASE_S * 2.0 ** max(0, attempts - 1))
 
 
+def asleep_residual(rp: ReplicaPlan, measured: dict[str, int] | None = None) -> int:
+    """What a replica asleep in place keeps booked on each of its devices: the most its engine measured
+    on any of them once it slept, else the plan's estimate; never more than its reservation (what is
+    above it shows as foreign use), never less than 0."""
+    on_its = [b for dev, b in (measured or {}).items() if dev in rp.devices]
+    return min(rp.reservation_bytes, max(0, max(on_its) if on_its else sleep_residual_bytes(rp)))
+
+
 class ModelBook:
     def __init__(self, ledger: Ledger, records: list[ModelRecord] | None = None,
                  adapters: list[AdapterRecord] | None = None):
@@ -131,16 +142,19 @@ class ModelBook:
         return sorted(a.model_id for a in self.adapters.values() if a.base == base)
 
     def device_states(self) -> builtins.list[DeviceState]:
-        """Each device as the ledger sees it, plus what parked models would need back there
-        (their last plan's reservation: ``dormant``)."""
+        """Each device as the ledger sees it, plus what sleeping models would need back there
+        (their last plan's reservation, less what an engine asleep in place still books: ``dormant``)."""
         states = {s.device.id: s for s in self.ledger.states()}
         for rec in self.records.values():
             if rec.status in DORMANT and not rec.resident:
                 for rp in rec.plan.replicas:
+                    key = names.replica_key(rec.model_id, rp.index)
+                    booked = self.ledger.reservations.get(key)
+                    need = rp.reservation_bytes - (booked.held_bytes if booked is not None else 0)
                     for dev in rp.devices:
                         if dev in states:
-                            states[dev].dormant_bytes += rp.reservation_bytes
-                            states[dev].dormant.append(names.replica_key(rec.model_id, rp.index))
+                            states[dev].dormant_bytes += need
+                            states[dev].dormant.append(key)
         return list(states.values())
 
     def restore(self, stored: builtins.list[StoredModel], legacy: builtins.list[Reservation]) -> tuple[set[str], dict[str, str]]:
@@ -210,9 +224,6 @@ class ModelBook:
         """Free what a level-1 sleeper held in host RAM."""
         return self._release([r.key for r in self.ledger.of_model(model_id) if r.host])
 
-    def _release_devices(self, model_id: str) -> builtins.list[str]:
-        return self._release([r.key for r in self.ledger.of_model(model_id) if not r.host])
-
     # --- transitions the admin asks for -------------------------------------------------------
     def create(self, record: ModelRecord, reservations: builtins.list[Reservation], now: float) -> Change:
         """A new deploy: the id must be free (or hold a failed deploy) and every replica must fit."""
@@ -242,7 +253,8 @@ class ModelBook:
         return self._commit(rec)
 
     def started(self, model_id: str, version: int, now: float, engine_start_s: dict[str, float] | None = None,
-                warm_up_s: dict[str, float] | None = None, wake_s: dict[str, float] | None = None) -> Change:
+                warm_up_s: dict[str, float] | None = None, wake_s: dict[str, float] | None = None,
+                loaded: dict[str, builtins.list[Loaded]] | None = None) -> Change:
         """Every replica that should run is up: reservations become active (``wake_s``: an engine
         that slept woke in place, and its host RAM is released)."""
         rec = self._current(model_id, "started", version, STARTING)
@@ -260,6 +272,7 @@ class ModelBook:
         self.ledger.activate(model_id)
         rec.engine_start_s = {**rec.engine_start_s, **(engine_start_s or {})}
         rec.warm_up_s = {**rec.warm_up_s, **(warm_up_s or {})}
+        rec.loaded = {**rec.loaded, **(loaded or {})}
         rec.healing_replicas = []
         rec.status = ModelStatus.DEGRADED if rec.lost_replicas else ModelStatus.READY
         rec.message = rec.message if rec.lost_replicas else ""
@@ -427,13 +440,21 @@ class ModelBook:
             rec.message = f"going to sleep at level 2 (weights discarded): {e.message}"
         return self._commit(rec)
 
-    def dozed(self, model_id: str, version: int, now: float) -> Change:
-        """Its engines sleep: their device memory is free (the weights of level 1 are in host RAM)."""
+    def dozed(self, model_id: str, version: int, now: float,
+              residuals: dict[int, dict[str, int]] | None = None) -> Change:
+        """Its engines sleep: their device memory is free (the weights of level 1 are in host RAM) but
+        for what each still holds there, which stays booked (``asleep_residual``): what it measured
+        (``residuals``: replica index -> device id -> bytes), by plan where it measured nothing."""
         rec = self._current(model_id, "dozed", version, (ModelStatus.SLEEPING,))
         if not rec.resident or not rec.sleeps_in_place:
             raise TransitionError(f"dozed: {model_id!r} is not dozing")
-        forgotten = self._release_devices(model_id)
+        live = {rp.index: rp for rp in rec.live_replicas}
+        devices = [r for r in self.ledger.of_model(model_id) if not r.host]
+        forgotten = self._release([r.key for r in devices if r.replica not in live])
         self.ledger.activate(model_id)  # level 1: its weights are in host RAM now
+        for r in devices:
+            if r.replica in live:
+                self.ledger.doze(r.key, asleep_residual(live[r.replica], (residuals or {}).get(r.replica)))
         rec.resident, rec.drift = False, {}
         assert rec.sleep_mode is not None  # sleeps_in_place: it has one
         rec.message = (f"sleeping ({rec.sleep_mode.value}): {rec.sleep_reason}; "  # since when: slept_at, a machine field
@@ -506,7 +527,16 @@ class ModelBook:
         asleep in place keeps sleeping (and its weights in host RAM); a parked one holds nothing."""
         rec = self._current(model_id, "wake_failed", version, (ModelStatus.WAKING,))
         in_place = rec.sleeps_in_place
-        forgotten = self._release_devices(model_id) if in_place else [r.key for r in self.ledger.release(model_id)]
+        if in_place:  # its engines sleep on, keeping their residual (by plan for one woken before it slept)
+            live = {rp.index: rp for rp in rec.live_replicas}
+            devices = [r for r in self.ledger.of_model(model_id) if not r.host]
+            forgotten = self._release([r.key for r in devices if r.replica not in live])
+            for r in devices:
+                if r.replica in live and r.state is not ReservationState.ASLEEP:
+                    kept = r.residual_bytes if r.state is ReservationState.WAKING else asleep_residual(live[r.replica])
+                    self.ledger.doze(r.key, kept)
+        else:
+            forgotten = [r.key for r in self.ledger.release(model_id)]
         rec.status, rec.resident, rec.wake_failed_at, rec.wake_placed = ModelStatus.SLEEPING, False, now, False
         if not in_place:  # parked now, as ``parked`` leaves it: the next wake places every replica anew,
             # so none may stay lost (its new placement would hold a reservation its record does not book)
@@ -644,9 +674,17 @@ class ModelBook:
 
     def rebuild_reservations(self, measured: dict[str, int | None]) -> builtins.list[Reservation]:
         """The reservations the records imply: every replica of a model that holds memory,
-        except lost ones; active where the engine is up (left pending, they would expire)."""
+        except lost ones; active where the engine is up (left pending, they would expire). A replica
+        asleep in place books its residual: as booked before, else by plan."""
+        residual = {k: r.residual_bytes for k, r in self.ledger.reservations.items() if r.state is ReservationState.ASLEEP}
         self.ledger.reservations.clear()
         for rec in self.records.values():
+            if rec.status in DORMANT and not rec.resident and rec.sleeps_in_place:
+                for rp in rec.live_replicas:
+                    key = names.replica_key(rec.model_id, rp.index)
+                    r = Reservation.for_replica(rec.model_id, rp, measured.get(key))
+                    r.state, r.residual_bytes = ReservationState.ASLEEP, residual.get(key, asleep_residual(rp))
+                    self.ledger.reservations[r.key] = r
             if not rec.holds_memory:
                 continue
             for rp in rec.live_replicas:

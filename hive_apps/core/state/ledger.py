@@ -3,11 +3,12 @@
 Pure state, no Ray: the registry deployment wraps one ``Ledger`` and persists its
 reservations. ``available`` is what the planner may still use on a device:
 
-    held      = per reservation, max(reserved, measured by its engine)
+    held      = per reservation, max(reserved, measured by its engine); for an engine asleep in
+                place, only what it still holds there (its residual)
     explained = per reservation, what of the sampled use it accounts for: what its engine measured;
-                without a measurement all of it once the engine is up (a CPU engine, one woken in
-                place), nothing while it is pending (the engine starting, level-1 weights not yet
-                copied to host RAM)
+                without a measurement all of it once the engine is up (a CPU engine), nothing while
+                it is pending (the engine starting, level-1 weights not yet copied to host RAM);
+                asleep in place or waking there, its residual
     budget    = floor(budget_fraction x total)
     foreign   = max(0, used - explained by the hive), and never less than what the last sample
                 left unexplained (an engine that measured itself since is not in that sample yet)
@@ -20,6 +21,12 @@ one step.
 
 A node's host RAM (``<node>:host``) is booked the same way for the weights of replicas asleep
 at level 1.
+
+An engine asleep in place (vLLM sleep level 1 or 2) still holds part of its devices: its CUDA
+context, and what its start options let it keep (``planning/memory.sleep_residual_bytes``). Its
+reservation stays, ``asleep``, booking that residual alone, which also explains that much of the
+device's sampled use; its wake books only the rest (``reserve``), so the residual is never
+counted twice, neither as foreign use nor as a second booking.
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ class NodeState(BaseModel):
     host_reserved_bytes: int  # hive reservations on the node's CPU device
     devices: list[str]
     error: str | None = None  # the monitor could not read the node's GPUs (why, and what to fix)
+    driver_version: str | None = None  # the node's NVIDIA driver, as NVML reports it (None: no GPU read)
+    cuda_driver_version: str | None = None  # the newest CUDA that driver runs
+    cuda_runtime: str | None = None  # the CUDA the node's torch was built for (None: no torch, CPU build)
 
 
 class Ledger:
@@ -109,7 +119,7 @@ class Ledger:
         return sum(r.held_bytes for r in self.reservations.values() if dev_id in r.devices)
 
     def measured_on(self, dev_id: str) -> int:
-        return sum(r.measured_bytes or 0 for r in self.reservations.values() if dev_id in r.devices)
+        return sum(r.engine_bytes for r in self.reservations.values() if dev_id in r.devices)
 
     def _unexplained(self, dev_id: str, used: int) -> int:
         return max(0, used - sum(r.explained_bytes for r in self.reservations.values() if dev_id in r.devices))
@@ -155,6 +165,9 @@ class Ledger:
             host_reserved_bytes=sum(self.reserved_on(d) for d in [*cpu, host_id(sample.node_name)]),
             devices=[d.id for d in sample.devices],
             error=sample.error,
+            driver_version=next((d.driver_version for d in sample.devices if d.driver_version), None),
+            cuda_driver_version=next((d.cuda_driver_version for d in sample.devices if d.cuda_driver_version), None),
+            cuda_runtime=sample.cuda_runtime,
         )
 
     def capacities(self) -> list[DeviceCapacity]:
@@ -170,13 +183,16 @@ class Ledger:
 
     # --- reservations ----------------------------------------------------------------
     def reserve(self, reservations: list[Reservation]) -> None:
-        """Book every reservation of a deploy, or none of them."""
+        """Book every reservation of a deploy, or none of them. A replica asleep in place wakes into
+        its own booking: what it kept through the sleep is booked already, only the rest is needed."""
         need: dict[str, int] = {}
-        for r in reservations:
-            if r.key in self.reservations:
+        booked = [self._waking(r) for r in reservations]
+        for r in booked:
+            kept = self._asleep(r)
+            if r.key in self.reservations and kept is None:
                 raise ReservationError(f"replica {r.key} already holds a reservation")
             for dev_id in r.devices:
-                need[dev_id] = need.get(dev_id, 0) + r.bytes_per_device
+                need[dev_id] = need.get(dev_id, 0) + r.held_bytes - (kept.residual_bytes if kept else 0)
         for dev_id, nbytes in need.items():
             if dev_id in self.hosts:
                 available = self.host_available(dev_id)
@@ -194,13 +210,36 @@ class Ledger:
                     f"{nbytes / 2**30:.2f} GiB (short by {(nbytes - available) / 2**30:.2f} GiB); "
                     "another deploy took it first: plan again or free memory"
                 )
-        for r in reservations:
+        for r in booked:
             self.reservations[r.key] = r
 
+    def _waking(self, r: Reservation) -> Reservation:
+        """``r`` as booked: waking in place where it wakes from its own residual, which it still holds;
+        once up, its engine holds what it measured before it slept (so the wake books that, if more)."""
+        kept = self._asleep(r)
+        if kept is None:
+            return r
+        return r.model_copy(update={"state": ReservationState.WAKING, "residual_bytes": kept.residual_bytes,
+                                    "measured_bytes": r.measured_bytes if r.measured_bytes is not None
+                                    else kept.measured_bytes})
+
+    def _asleep(self, r: Reservation) -> Reservation | None:
+        """The same replica's booking asleep in place on the same devices, which ``r`` wakes from."""
+        kept = self.reservations.get(r.key)
+        ok = kept is not None and kept.state is ReservationState.ASLEEP and kept.devices == r.devices
+        return kept if ok else None
+
     def activate(self, model_id: str) -> None:
+        """Its engines are up (or its level-1 weights are in host RAM): pending and waking bookings
+        are active; one asleep in place stays asleep."""
         for r in self.reservations.values():
-            if r.model_id == model_id:
-                r.state = ReservationState.ACTIVE
+            if r.model_id == model_id and r.state is not ReservationState.ASLEEP:
+                r.state, r.residual_bytes = ReservationState.ACTIVE, 0
+
+    def doze(self, key: str, residual_bytes: int) -> None:
+        """Its engine sleeps in place: the booking keeps only what the engine still holds per device."""
+        r = self.reservations[key]
+        r.state, r.residual_bytes = ReservationState.ASLEEP, residual_bytes
 
     def release(self, model_id: str) -> list[Reservation]:
         gone = [r for r in self.reservations.values() if r.model_id == model_id]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from hive_apps.core import names
 from hive_apps.core.devices import host_id
+from hive_apps.core.planning.drift import Loaded
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import SETTINGS, ModelSpec
 from hive_apps.core.weights.types import Manifest
@@ -32,6 +33,8 @@ HOST_SUFFIX = "@host"  # a host-RAM reservation's key: ``<model_id>/r<i>@host``
 class ReservationState(str, Enum):
     PENDING = "pending"  # the engine is starting
     ACTIVE = "active"  # the engine is up
+    ASLEEP = "asleep"  # the engine sleeps in place: it books only what it still holds there (``residual_bytes``)
+    WAKING = "waking"  # it wakes in place: booked in full again, holding what it kept through the sleep
 
 
 class Reservation(BaseModel):
@@ -48,19 +51,37 @@ class Reservation(BaseModel):
     created_at: float = Field(default_factory=time.time)
     measured_bytes: int | None = None  # what the running engine really uses per device
     host: bool = False  # host RAM of the node (``devices`` = [``<node>:host``]): weights of a level-1 sleeper
+    # per device, what its engine kept there through a sleep in place (measured when it slept, bounded by
+    # the reservation): all it books while asleep, and what it surely holds while it wakes (0 otherwise)
+    residual_bytes: int = 0
+
+    @property
+    def in_place(self) -> bool:
+        """Its engine is asleep in place, or waking there: it holds ``residual_bytes``, no more for sure."""
+        return self.state in (ReservationState.ASLEEP, ReservationState.WAKING)
 
     @property
     def held_bytes(self) -> int:
-        """What counts against the device: the reservation, or more if the engine outgrew it."""
+        """What counts against the device: the reservation, or more if the engine outgrew it; asleep,
+        what the engine still holds (the wake books the rest again)."""
+        if self.state is ReservationState.ASLEEP:
+            return self.residual_bytes
         return max(self.bytes_per_device, self.measured_bytes or 0)
+
+    @property
+    def engine_bytes(self) -> int:
+        """What its engine holds on each device now, as far as it measured (0: unmeasured): asleep or
+        waking in place, what it kept through the sleep. A simulated GPU's use is the sum of these."""
+        return self.residual_bytes if self.in_place else self.measured_bytes or 0
 
     @property
     def explained_bytes(self) -> int:
         """What of its device's sampled use this reservation accounts for: what its engine measured;
         without a measurement, all of it once the engine is up (or the weights are in host RAM), and
-        nothing while pending, so a booking not yet in use never hides behind other use."""
-        if self.measured_bytes is not None:
-            return self.measured_bytes
+        nothing while pending, so a booking not yet in use never hides behind other use. Asleep or
+        waking in place, what the engine kept through the sleep."""
+        if self.in_place or self.measured_bytes is not None:
+            return self.engine_bytes
         return self.bytes_per_device if self.state is ReservationState.ACTIVE else 0
 
     @property
@@ -140,8 +161,8 @@ class Residency(str, Enum):
     # drained, falling asleep in place (or woken before it slept): its devices booked, at level 1 host RAM too
     DOZING_LEVEL1 = "dozing_level1"
     DOZING_LEVEL2 = "dozing_level2"
-    ASLEEP_LEVEL1 = "asleep_level1"  # engines asleep in place, devices free, weights in booked host RAM
-    ASLEEP_LEVEL2 = "asleep_level2"  # engines asleep in place, devices free, weights discarded
+    ASLEEP_LEVEL1 = "asleep_level1"  # engines asleep in place, devices free but their residual, weights in booked host RAM
+    ASLEEP_LEVEL2 = "asleep_level2"  # engines asleep in place, devices free but their residual, weights discarded
     PARKED = "parked"  # no engine, nothing booked (the plan is kept)
     PLACED_LEVEL1 = "placed_level1"  # a wake booked its devices again: engines wake in place from level 1
     PLACED_LEVEL2 = "placed_level2"  # the same from level 2
@@ -262,8 +283,10 @@ class ModelRecord(BaseModel):
     retiring: list[int] = Field(default_factory=list)  # replicas drained before removal (load went down)
     engine_start_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> seconds the engine itself took to start
     warm_up_s: dict[str, float] = Field(default_factory=dict)  # "r0" -> its first request
+    loaded: dict[str, list[Loaded]] = Field(default_factory=dict)  # "r0" -> per rank: what vLLM loaded, read at start
     # --- lifecycle (``hive_apps/core/lifecycle.py``) ---
-    resident: bool = True  # its plan's replicas hold reservations (False once parked)
+    resident: bool = True  # its plan's replicas hold reservations (False once parked, or asleep in place: then
+    # each books only what its engine still holds, ``Reservation.residual_bytes``)
     sleep_mode: SleepMode | None = None  # how it sleeps (set while sleeping or waking)
     slept_at: float | None = None
     sleep_reason: str = ""
@@ -341,7 +364,9 @@ class ModelRecord(BaseModel):
             return False
         if r.host:
             return self.sleep_mode is SleepMode.LEVEL1 and r.devices == [host_id(rp.node_name)]
-        return self.resident and r.devices == rp.devices
+        # asleep in place, its engine's residual stays booked on the replica's devices
+        asleep = self.sleeps_in_place and r.state is ReservationState.ASLEEP
+        return (self.resident or asleep) and r.devices == rp.devices
 
     @property
     def resident_since(self) -> float:

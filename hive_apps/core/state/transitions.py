@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from hive_apps.core.planning.drift import Loaded
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.records import AdapterDeletion, AdapterRecord, ModelRecord, Origin, Reservation
@@ -60,6 +61,7 @@ class Started(Versioned):
     engine_start_s: dict[str, float] | None = None
     warm_up_s: dict[str, float] | None = None
     wake_s: dict[str, float] | None = None
+    loaded: dict[str, list[Loaded]] | None = None  # "r0" -> per rank: what vLLM loaded (planning/drift.py)
 
 
 class Fail(Versioned):
@@ -107,7 +109,10 @@ class Doze(Versioned):
 
 
 class Dozed(Versioned):
-    pass
+    """Its engines slept in place. ``residuals``: what each engine measured it still holds, by replica
+    index and device id; a replica left out (nothing measured) is booked by plan."""
+
+    residuals: dict[int, dict[str, int]] = Field(default_factory=dict)
 
 
 class Parked(Transition):

@@ -144,6 +144,14 @@ class AdapterCache:
             del self.busy[name]
             self._signal()  # it may be evicted now for a request waiting for a slot
 
+    def dropped_by_engine(self) -> None:
+        """vLLM removed every adapter itself: ``reload_weights`` (a level-2 wake) resets its LoRA state
+        in both model runners (``LoRAModelRunnerMixin.reset_lora_state``). Forget them without
+        unloading, so the next request loads its adapter into a free slot instead of vLLM reloading
+        it inside a scheduler step. Only while the engine is drained (a wake), so nothing is busy."""
+        self.loaded.clear()
+        self._signal()
+
     async def forget(self, name: str) -> bool:
         """Unload ``name`` (deleted): after its requests in flight end, at most UNLOAD_WAIT_S. Whether it was loaded."""
         self.failed.pop(name, None)

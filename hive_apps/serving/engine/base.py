@@ -9,22 +9,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hive_apps.control.registry.monitor import nvml_used_bytes
+from hive_apps.core.devices import DeviceKind
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.ops.metrics import Publisher, TokenCount
 from hive_apps.serving.engine.adapters import AdapterCache, AdapterLoadError, with_adapters
 from hive_apps.serving.engine.http_server import EngineEndpoint, RunningServer, start_http_server
-from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, call_asgi
+from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, SleepReport, call_asgi
 from hive_apps.serving.engine.start_lock import device_lock
 
 if TYPE_CHECKING:
     from hive_apps.core.weights.types import FetchProgress, Manifest
+
+log = logging.getLogger("ray.serve")
 
 
 @contextlib.contextmanager
@@ -101,6 +106,10 @@ def restore_node_environment() -> list[str]:
 # ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
 WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
 WARM_UP_TOKENS = 4  # greedy: its answer is the engine's fingerprint, checked again after a wake
+# The first warm-up also samples (temperature, top-p, top-k): on CUDA vLLM 0.32 samples top-k/top-p
+# with FlashInfer kernels, built or loaded on first use; a greedy warm-up never reaches them, so the
+# first user request with a temperature would pay for them after "ready".
+WARM_UP_SAMPLED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "max_tokens": 1, "seed": 0}
 # A pooling engine's warm-up by the task it serves (vLLM mounts only its own routes): the route, the
 # body, and the field of its first result kept as the fingerprint.
 POOLING_WARM_UP: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -150,6 +159,8 @@ class EngineBase:
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
         self.use_start_lock = True  # sleeps and wakes take the devices' start lock (serving/engine/start_lock.py)
+        self.footprint_bytes: int | None = None  # what its start added per device (NVML under the start lock)
+        self.residual_bytes: dict[str, int] | None = None  # while it sleeps: what it still holds per device
         self.answer: Any = None  # the first warm-up's greedy answer: every wake must give it again
         self.last_answer: Any = None
         self.in_flight = 0
@@ -251,7 +262,8 @@ class EngineBase:
         if self._tokens is not None:
             self._tokens.flush()
         return {"in_flight": self.in_flight, "requests_total": self.requests_total,
-                "last_request_at": self.last_request_at}
+                "last_request_at": self.last_request_at,
+                "adapters": list(self._adapters.loaded) if self._adapters is not None else []}
 
     def endpoint(self) -> EngineEndpoint | None:
         return self.http.endpoint if self.http else None
@@ -307,6 +319,11 @@ class EngineBase:
         self.last_answer = body["data"][0][field] if self.runner == "pooling" else body["choices"][0]["text"]
         if self.answer is None:  # the engine's first: what every wake must give again
             self.answer = self.last_answer
+            if self.runner != "pooling":
+                status, body = await self.call_json(
+                    "/v1/completions", {"model": self.model_id, "prompt": WARM_UP_PROMPT, **WARM_UP_SAMPLED})
+                if status != 200:
+                    raise EngineStartError(f"sampled warm-up request failed with HTTP {status}: {body}")
         return time.perf_counter() - t0
 
     # --- sleeping in place (vLLM sleep mode) --------------------------------------------
@@ -327,18 +344,40 @@ class EngineBase:
             return contextlib.nullcontext()
         return device_lock(self.model_id, self.replica, what, self.settings.deploy_timeout_s)
 
-    async def sleep(self, level: int) -> float:
-        """Free the device memory (level 1: weights to host RAM; level 2: weights discarded).
-        The admin drained the replica first. Idempotent. Seconds it took."""
+    def _devices_used(self) -> list[int] | None:
+        """NVML's used bytes of the replica's GPUs now; None off a real GPU or when NVML cannot tell."""
+        if self.replica.device_kind is not DeviceKind.GPU:
+            return None
+        try:
+            return nvml_used_bytes(self.replica.device_indices)
+        except Exception as e:  # no NVML here: the registry books the plan's residual instead
+            log.warning("%s/r%d: NVML unreadable (%s); what its sleep leaves is not measured",
+                        self.model_id, self.replica.index, e)
+            return None
+
+    def _residual(self, before: list[int] | None) -> dict[str, int] | None:
+        """What it still holds on each device once it slept: its start's footprint less what the sleep
+        freed there (NVML before and after, under the devices' lock, so no neighbour's start or sleep is
+        in the delta); None when either is unknown."""
+        after = self._devices_used() if before is not None else None
+        if after is None or before is None or self.footprint_bytes is None or len(after) != len(self.replica.devices):
+            return None
+        return {dev: max(0, self.footprint_bytes - (b - a)) for dev, b, a in zip(self.replica.devices, before, after)}
+
+    async def sleep(self, level: int) -> SleepReport:
+        """Free the device memory (level 1: weights to host RAM; level 2: weights discarded), and say
+        what it still holds there. The admin drained the replica first. Idempotent."""
         if not self.can_sleep():
             raise RuntimeError("this engine has no sleep mode (vLLM on CPU, or not started with it): park it")
         t0 = time.perf_counter()
         async with self._sleep_lock:
             if not self.sleep_level:
                 async with self._in_place("sleep"):
+                    before = self._devices_used()
                     await self._sleep(level)
+                    self.residual_bytes = self._residual(before)
                 self.sleep_level = level
-        return time.perf_counter() - t0
+        return SleepReport(sleep_s=time.perf_counter() - t0, residual_bytes=self.residual_bytes)
 
     async def wake_up(self) -> dict[str, float]:
         """Take the device memory back, warm up, and check that the model answers as it did before
@@ -348,7 +387,7 @@ class EngineBase:
             if self.sleep_level:
                 async with self._in_place("wake"):
                     await self._wake_up()
-                self.sleep_level = 0
+                self.sleep_level, self.residual_bytes = 0, None
             wake_s = time.perf_counter() - t0
             warm_up_s = await self.warm_up()
         if not same_answer(self.answer, self.last_answer):

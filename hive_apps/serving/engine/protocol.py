@@ -79,6 +79,16 @@ class EngineLoad(BaseModel):
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     ttft: TTFTHistogram = Field(default_factory=TTFTHistogram)
+    adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded in the engine now (routing prefers them)
+
+
+class SleepReport(BaseModel):
+    """An engine's answer to ``sleep(level)``, which the admin records with ``dozed``."""
+
+    sleep_s: float
+    # what it still holds on each of its devices (device id -> bytes): its start's footprint less what the
+    # sleep freed there (NVML, read under the devices' lock); None: nothing measured (the registry books the plan's)
+    residual_bytes: dict[str, int] | None = None
 
 
 class EngineCounters:

@@ -20,7 +20,10 @@ rate. Options come from ``vllm_kwargs`` keys starting with ``sim_``:
 
 On a (simulated) GPU it sleeps in place as vLLM's sleep mode does, level 1 or 2, taking the
 time ``hive_apps/core/lifecycle.py`` derives from vLLM's published figures for its weights
-(``sleep_s``, ``wake_s``); its memory is what the registry then books (device, host or nothing).
+(``sleep_s``, ``wake_s``). Asleep it still holds what vLLM would by plan (its CUDA context, and
+what its start options keep: ``planning/memory.sleep_residual_bytes``, times ``sim_memory_factor``),
+and says so as a real engine reports what NVML shows; that residual stays booked on its devices,
+and its simulated GPU shows it as used.
 
 Prefix cache, as vLLM's with ``enable_prefix_caching`` (on unless that is false): an LRU of
 16-token blocks (64 bytes of the prompt's text, keyed as ``serving/routing/prefix.py`` keys
@@ -46,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from hive_apps.core.lifecycle import cold_start_s, sleep_s, wake_s
 from hive_apps.core.openai_errors import openai_error
+from hive_apps.core.planning.memory import sleep_residual_bytes
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.weights.types import Manifest
@@ -172,6 +176,11 @@ class SimEngine(EngineBase):
 
     async def _sleep(self, level: int) -> None:
         await asyncio.sleep(sleep_s(level, self.replica.memory.weights))
+
+    def _residual(self, before: list[int] | None) -> dict[str, int]:
+        """What it keeps on each device asleep: vLLM's residual by plan, scaled as its start was."""
+        kept = int(sleep_residual_bytes(self.replica) * float(self.replica.engine_kwargs.get("sim_memory_factor", 1.0)))
+        return {dev: kept for dev in self.replica.devices}
 
     async def _wake_up(self) -> None:
         await asyncio.sleep(wake_s(self.sleep_level, self.replica.memory.weights))

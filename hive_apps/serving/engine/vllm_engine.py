@@ -4,6 +4,15 @@ Chat templates, tools, reasoning, structured output, streaming, embeddings and e
 shapes all come from vLLM (``build_app`` + ``init_app_state``); this class only builds the
 engine from the plan, feeds live load to the router, and proves readiness with a real
 request. vLLM is imported inside the replica so the control plane never needs it.
+
+Model Runner V2 (vLLM 0.32's default on CUDA with Triton; every CPU test runs V1's CPU runner):
+each call the hive makes into vLLM was read against both runners, and none needs V1 pinned.
+``kv_cache_memory_bytes`` is honoured by ``gpu_worker.determine_available_memory`` before any
+runner-specific profiling; sleep and wake are the worker's (``CuMemAllocator`` tags, and the graph
+capture context that ``sleep_mode_offload_cudagraph`` wraps); ``reload_weights`` goes through the
+worker to both runners, which both reset LoRA state (hence ``AdapterCache.dropped_by_engine``);
+load and token counts come from the engine's stat loggers, above the runners; the worker
+extension reads ``model_memory_usage``, which both GPU runners set.
 """
 
 from __future__ import annotations
@@ -13,10 +22,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from hive_apps.core.devices import DeviceKind
+from hive_apps.core.planning.drift import Loaded, loaded_drift
 from hive_apps.core.planning.types import ReplicaPlan
 from hive_apps.core.weights.types import Manifest
 from hive_apps.serving.engine.adapters import AdapterLoadError
 from hive_apps.serving.engine.base import EngineBase, restore_node_environment, serve_log_file_kept, weights_folder
+from hive_apps.serving.engine.cuda_devices import opened_gpus
 from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad
 from hive_apps.serving.engine.start_lock import start_lock
 from hive_apps.serving.engine.vllm_audio import fit_audio_path
@@ -70,6 +82,19 @@ def make_stat_logger(tracker: LoadTracker):
     return HiveLoadLogger
 
 
+def stat_loggers(tracker: LoadTracker) -> list:
+    """What vLLM reports each step to: the hive's own logger (the router's load, the admin's counters)
+    and vLLM's own metrics (TTFT, inter-token and e2e latency, queue, KV and prefix cache, tokens)
+    through Ray's metrics agent, as Ray Serve LLM exports them: ``ray_vllm_*`` on each node's metrics
+    port, labelled ``model_name`` (the model id), ``engine`` and the Serve ``ReplicaId``.
+
+    Being a ``PrometheusStatLogger``, vLLM's Ray logger also takes the place of the in-process
+    prometheus_client one vLLM adds otherwise, which no port of a replica serves."""
+    from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+    return [make_stat_logger(tracker), RayPrometheusStatLogger]
+
+
 def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, Any], media_hosts: list[str]):
     """vLLM's own `vllm serve` argument namespace, with the plan's settings applied, fetching media
     only from ``media_hosts`` (HIVE_MEDIA_HOSTS).
@@ -102,11 +127,14 @@ def build_serve_args(model_path: str, model_id: str, engine_kwargs: dict[str, An
     # domain that cannot exist, so vLLM fetches no http(s) media at all (data: URLs still work)
     args.allowed_media_domains = list(media_hosts) or [NO_MEDIA_HOST]
     args.served_model_name = [model_id]
+    if not args.worker_extension_cls:  # what each worker loaded, read by name (worker_extension.py)
+        args.worker_extension_cls = WORKER_EXTENSION
     validate_parsed_serve_args(args)
     return args
 
 
 NO_MEDIA_HOST = "remote-media-is-off.invalid"  # RFC 2606: never resolves
+WORKER_EXTENSION = "hive_apps.serving.engine.worker_extension.HiveWorkerExtension"
 
 
 class VLLMEngine(EngineBase):
@@ -123,10 +151,13 @@ class VLLMEngine(EngineBase):
 
         fit_audio_path()
         self.model_id, self.replica = model_id, replica
+        self.device_uuids: list[str] | None = None  # on CUDA: the GPUs vLLM's workers opened (check_devices)
         self.weights_path = weights_folder(weights, self.settings.weights_cache)
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens
-        async with start_lock(model_id, replica, self.settings.deploy_timeout_s):
+        self.loaded: list[dict[str, Any]] | None = None  # per rank: weights and CUDA-graph bytes (read_loaded)
+        self.loaded_drift: dict[str, str] = {}
+        async with start_lock(model_id, replica, self.settings.deploy_timeout_s) as started:
             with serve_log_file_kept():  # vLLM re-configures logging as it starts
                 t0 = time.perf_counter()
                 args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs, self.settings.media_hosts)
@@ -135,7 +166,7 @@ class VLLMEngine(EngineBase):
                 self.engine = AsyncLLM.from_vllm_config(
                     vllm_config,
                     usage_context=UsageContext.OPENAI_API_SERVER,
-                    stat_loggers=[make_stat_logger(self.tracker)],
+                    stat_loggers=stat_loggers(self.tracker),
                     disable_log_stats=False,
                 )
                 tasks = await self.engine.get_supported_tasks()
@@ -145,11 +176,40 @@ class VLLMEngine(EngineBase):
                 await init_app_state(self.engine, self.app.state, args, tasks)
                 self.app.state.server = SimpleNamespace()  # vLLM's error handler reads it on engine death
                 self.engine_start_s = time.perf_counter() - t0
+                ours = args.worker_extension_cls == WORKER_EXTENSION
+                await self.check_devices(ours)
+                await self.read_loaded(ours)
                 self.warm_up_s = await self.warm_up()
+        self.footprint_bytes = started.measured_bytes  # what its sleeps' residual is measured against
         # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
         log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
                  model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
         await self.start_http()
+
+    async def check_devices(self, ours: bool) -> None:
+        """On CUDA, the GPUs vLLM's workers opened must be the planned ones, else the start fails
+        (``cuda_devices.opened_gpus``). Read in the workers, which hold a CUDA context anyway: asking
+        torch in this process could create one here, about 0.6 GiB per GPU that no plan counts."""
+        if self.replica.device_kind is not DeviceKind.GPU:
+            return
+        if not ours:
+            log.warning("engine %s/r%d: the operator's worker extension replaces the hive's; its GPUs are not "
+                        "checked against the plan", self.model_id, self.replica.index)
+            return
+        opened = [SimpleNamespace(**d) for d in await self.engine.collective_rpc("hive_opened_device")]
+        self.device_uuids = opened_gpus(self.replica.device_indices, opened)
+
+    async def read_loaded(self, ours: bool) -> None:
+        """What every rank loaded against the plan (vLLM trusts the plan's kv_cache_memory_bytes and
+        measures nothing itself): kept for ``info()`` and logged when a term is off."""
+        if not ours:  # the operator installed a worker extension of their own: nothing to ask
+            return
+        ranks = [Loaded.model_validate(r) for r in await self.engine.collective_rpc("hive_loaded_bytes")]
+        self.loaded = [r.model_dump() for r in ranks]
+        memory = self.replica.memory
+        self.loaded_drift = loaded_drift(memory.weights, memory.cuda_graphs, ranks)
+        for term, what in self.loaded_drift.items():
+            log.warning("engine %s/r%d %s: %s", self.model_id, self.replica.index, term, what)
 
     # --- LoRA adapters: vLLM's own runtime loading, in-process (never its HTTP route) -----------
     async def _load_adapter(self, name: str, folder: str) -> None:
@@ -182,7 +242,8 @@ class VLLMEngine(EngineBase):
             **self.tracker.counters.fields(),
         )
 
-    # --- vLLM's sleep mode (CUDA; the planner starts the engine with enable_sleep_mode) ------
+    # --- vLLM's sleep mode (CUDA; the planner starts the engine with enable_sleep_mode, and with the
+    # options that let it give back its CUDA graphs and NCCL buffers: planning/sizing.sleep_release_kwargs) ------
     def can_sleep(self) -> bool:
         from vllm.platforms import current_platform
 
@@ -198,6 +259,8 @@ class VLLMEngine(EngineBase):
         if self.sleep_level == 2:  # the weights were discarded: load them again, as vLLM's own snapshot restore does
             await self.engine.wake_up(tags=["weights"])
             await self.engine.collective_rpc("reload_weights")
+            if self._adapters is not None:
+                self._adapters.dropped_by_engine()
             await self.engine.wake_up(tags=["kv_cache"])
         else:
             await self.engine.wake_up()
@@ -208,7 +271,8 @@ class VLLMEngine(EngineBase):
             raise RuntimeError(f"vLLM engine died: {self.engine.dead_error}")
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "engine_start_s": self.engine_start_s, "warm_up_s": self.warm_up_s}
+        return {**super().info(), "engine_start_s": self.engine_start_s, "warm_up_s": self.warm_up_s,
+                "device_uuids": self.device_uuids, "loaded": self.loaded, "loaded_drift": self.loaded_drift}
 
     def __del__(self):
         engine = getattr(self, "engine", None)

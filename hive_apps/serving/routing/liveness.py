@@ -93,6 +93,7 @@ class LoadPoll(ABC):
             view = self.views[i]
             if isinstance(res, EngineLoad):
                 view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+                view.adapters = frozenset(res.adapters)
                 self.loads[i] = res
             else:
                 view.healthy = False

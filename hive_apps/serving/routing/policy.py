@@ -31,6 +31,7 @@ class ReplicaView(BaseModel):
     seq_tokens_per_s: float = 0.0  # the plan's throughput estimate / max_num_seqs
     queued_tokens: int = 0  # prompt tokens sent by this router and not yet answering
     token_budget: int = 8192  # planned max_num_batched_tokens
+    adapters: frozenset[str] = frozenset()  # LoRA adapters its engine reported loaded
 
     @classmethod
     def of_plan(cls, rp: ReplicaPlan) -> ReplicaView:

@@ -19,8 +19,14 @@ chain, and its longest match is a binary search.
 ``choose_by_prefix``: among live replicas the plan says are not saturated (``saturated``: no
 free sequence slot, load >= planned max_num_seqs; or the prompt's uncached tokens would push the
 prefill this router has queued there past its planned max_num_batched_tokens), the one with the
-longest match, if that match is a fair share of the prompt; else least loaded as
-``policy.choose_replica``. The saturation point is the plan's own, known before any traffic.
+longest match, if that match is a fair share of the prompt; else, for a LoRA adapter's request,
+the least loaded of those not saturated whose engine holds the adapter (``adapter``: no load
+in its way); else least loaded as ``policy.choose_replica``. The saturation point is the plan's
+own, known before any traffic.
+
+A LoRA adapter's request chains its keys from the adapter's name (``block_keys(seed=...)``), as
+vLLM's prefix cache keys its blocks by the adapter too: a prompt the base cached is no hit for an
+adapter, and one an adapter cached is a hit only for it.
 
 Pure: no Ray.
 """
@@ -47,6 +53,7 @@ MAX_INDEX_BLOCKS = 1 << 16  # per replica: bounds the router's memory (~7 MB) wh
 MIN_MATCH_SHARE = 0.25
 
 PREFIX = "prefix"
+ADAPTER = "adapter"
 LEAST_LOADED = "least-loaded"
 
 
@@ -87,10 +94,11 @@ def prompt_bytes(body: dict[str, Any] | None, limit: int = MAX_PREFIX_BYTES) -> 
     return b""
 
 
-def block_keys(data: bytes, block: int = ROUTE_BLOCK_BYTES, limit: int = MAX_PREFIX_BYTES) -> list[int]:
-    """One key per full block: depth << 32 | CRC-32 of everything up to the block's end."""
+def block_keys(data: bytes, block: int = ROUTE_BLOCK_BYTES, limit: int = MAX_PREFIX_BYTES, seed: str = "") -> list[int]:
+    """One key per full block: depth << 32 | CRC-32 of everything up to the block's end, chained from
+    ``seed`` (a LoRA adapter's name: its blocks are its own)."""
     view = memoryview(data)[: min(len(data), limit)]
-    keys, h = [], 0
+    keys, h = [], zlib.crc32(seed.encode()) if seed else 0
     for depth, start in enumerate(range(0, len(view) - block + 1, block)):
         h = zlib.crc32(view[start: start + block], h)
         keys.append(depth << 32 | h)
@@ -152,13 +160,14 @@ class PrefixIndex:
             self.replicas[index].touch(keys)
 
     def choose(self, views: list[ReplicaView], keys: list[int], prompt_tokens: int,
-               exclude: set[int] | frozenset[int] = frozenset()) -> tuple[ReplicaView | None, str, int]:
+               exclude: set[int] | frozenset[int] = frozenset(), adapter: str | None = None
+               ) -> tuple[ReplicaView | None, str, int]:
         """``choose_by_prefix`` on this index, and the chosen replica then holds the prompt's blocks.
         Returns the replica, why, and the prompt tokens it is taken to have cached."""
-        if not keys:
+        if not keys and adapter is None:
             return choose_replica(views, exclude), LEAST_LOADED, 0
         matches = self.matches(keys, (v.index for v in views))
-        view, route = choose_by_prefix(views, matches, prompt_tokens, ROUTE_BLOCK_TOKENS, exclude)
+        view, route = choose_by_prefix(views, matches, prompt_tokens, ROUTE_BLOCK_TOKENS, exclude, adapter)
         if view is None:
             return None, route, 0
         self.record(view.index, keys)
@@ -174,12 +183,17 @@ def saturated(view: ReplicaView, uncached_tokens: int) -> bool:
 
 
 def choose_by_prefix(views: list[ReplicaView], matches: dict[int, int], prompt_tokens: int, block_tokens: int,
-                     exclude: set[int] | frozenset[int] = frozenset()) -> tuple[ReplicaView | None, str]:
+                     exclude: set[int] | frozenset[int] = frozenset(), adapter: str | None = None
+                     ) -> tuple[ReplicaView | None, str]:
     """The replica for a request and why: ``prefix`` (the longest match among replicas not saturated,
-    when it covers at least MIN_MATCH_SHARE of the prompt) or ``least-loaded``."""
+    when it covers at least MIN_MATCH_SHARE of the prompt), ``adapter`` (the least loaded replica
+    not saturated that holds the request's LoRA adapter) or ``least-loaded``."""
     live = [v for v in views if is_live(v) and v.index not in exclude]
     roomy = [v for v in live if not saturated(v, max(0, prompt_tokens - matches.get(v.index, 0) * block_tokens))]
     best = max((matches.get(v.index, 0) for v in roomy), default=0)
     if best and best * block_tokens >= MIN_MATCH_SHARE * prompt_tokens:
         return choose_replica([v for v in roomy if matches.get(v.index, 0) == best]), PREFIX
+    holders = [v for v in roomy if adapter is not None and adapter in v.adapters]
+    if holders:
+        return choose_replica(holders), ADAPTER
     return choose_replica(live), LEAST_LOADED

@@ -33,7 +33,7 @@ from hive_apps.core.spec import Routing
 from hive_apps.ops import metrics
 from hive_apps.serving import request_ids
 from hive_apps.serving.engine.http_server import EngineEndpoint
-from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
+from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef, EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.liveness import LoadPoll, is_live, mark_failed
 from hive_apps.serving.routing.policy import ReplicaView, prompt_tokens_estimate, queue_full
 from hive_apps.serving.routing.prefix import PrefixIndex, block_keys, cache_blocks, prompt_bytes
@@ -172,22 +172,26 @@ class ReplicaSet(LoadPoll):
             return None
         return plan_split(path, body, self.replica_views())
 
-    def _prefix_keys(self, body: dict[str, Any] | None) -> list[int]:
+    def _prefix_keys(self, body: dict[str, Any] | None, adapter: str | None) -> list[int]:
         if self.routing is not Routing.PREFIX or len(self.views) < 2:
             return []
-        return block_keys(prompt_bytes(body))
+        return block_keys(prompt_bytes(body), seed=adapter or "")
 
     def _attempts(self, body: dict[str, Any] | None = None, tokens: int = 0,
-                  prefer: int | None = None) -> Iterator[tuple[ReplicaView, str, int]]:
+                  prefer: int | None = None, adapter: str | None = None) -> Iterator[tuple[ReplicaView, str, int]]:
         """The replicas to try in turn, each with why it was chosen and the prompt tokens it is taken
-        to have cached: the preferred one if live (a part of a split), then the best not yet tried."""
+        to have cached: the preferred one if live (a part of a split), then the best not yet tried.
+        ``adapter``: the LoRA adapter the request needs (replicas holding it are preferred, whatever
+        the model's ``routing``: a load costs more than any prefix)."""
         tried: set[int] = set()
-        keys = self._prefix_keys(body)
+        keys = self._prefix_keys(body, adapter)
+        adapter = adapter if len(self.views) > 1 else None
         for _ in range(MAX_ATTEMPTS):
             view = self.views.get(prefer) if prefer is not None and not tried else None
             route, cached = SPLIT, 0
             if view is None or not is_live(view):
-                view, route, cached = self.prefixes.choose(self.replica_views(), keys, tokens, exclude=tried)
+                view, route, cached = self.prefixes.choose(self.replica_views(), keys, tokens, exclude=tried,
+                                                           adapter=adapter)
             if view is None:
                 return
             yield view, RETRY if tried else route, cached
@@ -197,7 +201,7 @@ class ReplicaSet(LoadPoll):
         """One unary call to the best replica (or the preferred one), retried elsewhere on failure."""
         last_error: Exception | None = None
         prompt = prompt_tokens_estimate(req.body)
-        for attempt, (view, route, cached) in enumerate(self._attempts(parsed, prompt, prefer)):
+        for attempt, (view, route, cached) in enumerate(self._attempts(parsed, prompt, prefer, adapter_of(req))):
             self._attempted(attempt)
             tokens = prompt - cached  # only the uncached part fills the prefill budget
             view.in_flight += 1
@@ -231,7 +235,7 @@ class ReplicaSet(LoadPoll):
             return
         last_error: Exception | None = None
         prompt = prompt_tokens_estimate(req.body)
-        for attempt, (view, route, cached) in enumerate(self._attempts(body, prompt)):
+        for attempt, (view, route, cached) in enumerate(self._attempts(body, prompt, adapter=adapter_of(req))):
             self._attempted(attempt)
             tokens = prompt - cached
             view.in_flight += 1
@@ -267,6 +271,17 @@ def _served_by(start: ResponseStart, index: int, route: str) -> ResponseStart:
     """Tell the client which replica answered and why (``x-hive-replica: r1``, ``x-hive-route: prefix``)."""
     return start.model_copy(update={"headers": [*start.headers, (REPLICA_HEADER, names.replica_label(index)),
                                                 (ROUTE_HEADER, route)]})
+
+
+def adapter_of(req: ForwardedRequest) -> str | None:
+    """The LoRA adapter the gateway or router marked the request for (``follow.mark_adapter``), if any."""
+    raw = next((v for k, v in req.headers if k.lower() == ADAPTER_HEADER), None)
+    if raw is None:
+        return None
+    try:
+        return AdapterRef.model_validate_json(raw).model_id
+    except ValueError:  # the engine answers the malformed header itself
+        return None
 
 
 def _parsed(raw: bytes) -> dict[str, Any] | None:

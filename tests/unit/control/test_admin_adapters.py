@@ -9,6 +9,7 @@ import json
 import pytest
 
 from hive_apps.models.tiny import build_tiny_lora
+from hive_apps.serving.engine.protocol import EngineLoad
 from tests.unit.control.test_admin_app import NODES, SETTINGS, SIM_MODEL, admin_on, registry_on, sim_spec
 from tests.unit.fake_cluster import FakeCluster
 from tests.unit.planning_fixtures import fixture_path
@@ -58,6 +59,19 @@ async def test_an_adapter_is_deployed_listed_and_deleted(admin, lora_dir):
     assert r.status_code == 200 and r.json() == {"deleted": "a1", "base": "base"}, r.text
     error(await admin.client.get("/adapters/a1"), 404, "model_id")
     assert "GET /admin/adapters" in error(await admin.client.delete("/adapters/a1"), 404, "model_id")
+
+
+async def test_where_an_adapter_is_loaded_is_read_from_the_engines(admin, lora_dir):
+    """``loaded_on``: the base's replicas whose engine reports the adapter loaded (their load report,
+    what routing prefers them by); nothing is stored, so no restart can lose or stale it."""
+    assert (await admin.client.post("/adapters", json=body(lora_dir))).status_code == 201
+    assert (await admin.client.get("/adapters/a1")).json()["loaded_on"] == []
+    admin.cluster.loads["base"] = EngineLoad(adapters=["a1"])
+    assert (await admin.client.get("/adapters/a1")).json()["loaded_on"] == ["r0"]
+    listed = (await admin.client.get("/adapters")).json()["adapters"]
+    assert [(a["model_id"], a["loaded_on"]) for a in listed] == [("a1", ["r0"])]
+    admin.cluster.loads["base"] = EngineLoad(adapters=["other"])  # evicted by the engine's LRU
+    assert (await admin.client.get("/adapters/a1")).json()["loaded_on"] == []
 
 
 async def test_every_bad_adapter_is_a_4xx_that_names_the_problem(admin, lora_dir, tmp_path):

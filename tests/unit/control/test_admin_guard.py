@@ -92,6 +92,9 @@ def sample(**kw) -> NodeSample:
     ({"devices": [{"node_name": "other", "id": "other:gpu0"}]}, "names node 'other'"),
     ({"devices": [{"fp16_tflops": float("nan")}]}, "finite"),
     ({"host_used_bytes": 2**37}, "host memory"),
+    ({"devices": [{"driver_version": "580.65.06\u202e"}]}, "driver_version must be a version"),  # the planner compares it
+    ({"devices": [{"cuda_driver_version": "99999999"}]}, "cuda_driver_version must be a version"),
+    ({"cuda_runtime": "13.0 (trust me)"}, "cuda_runtime must be a version"),
 ])
 def test_forged_samples_are_refused(bad, why):
     problems = sample_problems(sample(**bad))
@@ -100,3 +103,5 @@ def test_forged_samples_are_refused(bad, why):
 
 def test_an_honest_sample_passes():
     assert sample_problems(sample(devices=[{}, {"id": "n:gpu1", "index": 1, "uuid": "GPU-2"}])) == []
+    drivers = {"driver_version": "580.65.06", "cuda_driver_version": "13.0", "cuda_runtime": "13.0"}
+    assert sample_problems(sample(devices=[drivers], cuda_runtime="13.0")) == []

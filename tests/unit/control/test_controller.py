@@ -100,6 +100,22 @@ async def test_deploy_reaches_ready_with_active_reservations(hive):
     assert hive.cluster.apps["m"].builds == 1
 
 
+async def test_what_vllm_loaded_is_kept_and_compared_with_the_plan(hive):
+    """vLLM trusts the plan's KV size and measures nothing: the engine's own reading of its weights
+    is kept per replica, and a term off the plan shows in the model's drift (issue #24)."""
+    from hive_apps.control.admin.schemas import ModelStatusResponse
+
+    rec = await hive.deploy("m", gpu="node-a:gpu0")
+    planned = rec.plan.replicas[0].memory.weights
+    hive.cluster.loaded["m", 0] = [{"weights_bytes": planned * 3 // 2, "cuda_graph_bytes": None}]
+    rec = await hive.settle("m")
+    assert rec.status is ModelStatus.READY and rec.loaded["r0"][0].weights_bytes == planned * 3 // 2
+    again = ModelRecord.model_validate_json(rec.model_dump_json())  # kept across a registry restart
+    status = ModelStatusResponse.of(again, None)
+    assert status.replicas["r0"].loaded[0].weights_bytes == planned * 3 // 2
+    assert "+50%" in status.drift["r0 weights"] and "cuda_graphs" not in " ".join(status.drift)
+
+
 async def test_engine_start_failure_leaves_nothing(hive):
     hive.cluster.start_mode["bad"] = "fail"
     await hive.deploy("bad", gpu="node-b:gpu0")

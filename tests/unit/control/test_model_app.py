@@ -9,12 +9,14 @@ def test_engine_replicas_are_pinned_and_get_no_secrets():
     env = opts["runtime_env"]["env_vars"]
     assert opts["num_gpus"] == 0 and opts["label_selector"] == {"ray.io/node-id": "abc"}
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA counts as NVML does, whose indices the plan names
     for secret in ("HIVE_ADMIN_TOKEN", "HIVE_API_KEYS", "HIVE_API_KEYS_FILE", "HIVE_MONITOR_TOKEN",
                    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         assert env[secret] == "", secret  # the node's fetcher has the source credentials; engines never do
     assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"  # an allowed media host cannot redirect elsewhere
     sim = replica_actor_options(replica_plan())  # a simulated GPU: no CUDA pin, still no secrets
     assert "CUDA_VISIBLE_DEVICES" not in sim["runtime_env"]["env_vars"]
+    assert "CUDA_DEVICE_ORDER" not in sim["runtime_env"]["env_vars"]
     assert sim["runtime_env"]["env_vars"]["HIVE_API_KEYS"] == ""
 
 

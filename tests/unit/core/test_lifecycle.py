@@ -13,9 +13,10 @@ from hive_apps.control.admin.lifecycle import Lifecycle
 from hive_apps.control.admin.reconciler import Reconciler
 from hive_apps.control.cluster import set_cluster
 from hive_apps.core.lifecycle import Candidate, choose_victims, eviction_order, idle_since, sleep_due, update_activity
+from hive_apps.core.planning.memory import CUDA_CONTEXT_BYTES, MIB
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state import transitions as t
-from hive_apps.core.state.records import ModelStatus, SleepMode
+from hive_apps.core.state.records import ModelStatus, ReservationState, SleepMode
 from hive_apps.serving.engine.protocol import EngineLoad
 from hive_apps.serving.routing.hold import HoldRefused, WakeHold
 from tests.unit.control.test_controller import Hive
@@ -138,9 +139,10 @@ async def test_idle_model_parks_keeps_route_and_plan_and_wakes_on_request(life):
 
 
 # --- sleeping in place (vLLM sleep mode: level 1 or 2) ----------------------------------------
-async def sleepy(hive: Hive, model_id: str, **spec):
-    """A ready model whose engine can sleep in place, put to sleep by its timeout."""
-    hive.cluster.sleepy[(model_id, 0)] = FakeSleep()
+async def sleepy(hive: Hive, model_id: str, residual: dict[str, int] | None = None, **spec):
+    """A ready model whose engine can sleep in place, put to sleep by its timeout (``residual``: what its
+    engine says it still holds per device once asleep; None: it measures nothing)."""
+    hive.cluster.sleepy[(model_id, 0)] = FakeSleep(residual=residual)
     rec = await ready(hive, model_id, sleep_timeout=5, **spec)
     idle_for(hive, model_id, 6)
     assert model_id in await hive.lifecycle.tick(await hive.registry.list_models())
@@ -153,10 +155,16 @@ async def test_an_engine_that_can_sleep_sleeps_in_place_at_level_1_with_its_weig
     assert life.cluster.sleepy[("m", 0)].calls == ["sleep1"]
     assert life.cluster.apps["m"].builds == 1 and life.cluster.apps["m"].plan.replicas  # the engine stays
     held = life.reserved("m")
-    assert set(held) == {"m/r0@host"}  # nothing on the GPU, the weights in the node's RAM
+    assert set(held) == {"m/r0", "m/r0@host"}  # the weights in the node's RAM, a residual on the GPU
     assert held["m/r0@host"].bytes_per_device == before.plan.replicas[0].memory.weights
+    # the fake engine measured nothing: the plan's residual stays booked, the CUDA context and (a sim
+    # plan carries no vLLM offload option) the graph pool; TP 1 has no NCCL
+    rp = before.plan.replicas[0]
+    residual = CUDA_CONTEXT_BYTES + rp.memory.cuda_graphs
+    assert held["m/r0"].state is ReservationState.ASLEEP and held["m/r0"].held_bytes == residual
     gpu = (await life.registry.device_states())[0]
-    assert gpu.reserved_bytes == 0 and gpu.dormant == ["m/r0"]
+    assert gpu.reserved_bytes == residual and gpu.dormant == ["m/r0"]
+    assert gpu.dormant_bytes == rp.reservation_bytes - residual  # what its wake still needs
     node = (await life.registry.node_states())[0]
     assert node.host_reserved_bytes == before.plan.replicas[0].memory.weights
 
@@ -179,11 +187,12 @@ async def test_level_1_weights_in_host_ram_count_once(life):
     assert life.registry.ledger.host_available("node-a:host") == budget - life.cluster.host_used_bytes
 
 
-async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_nothing(life):
+async def test_without_room_in_host_ram_it_sleeps_at_level_2_holding_only_its_residual(life):
     life.cluster.host_used_bytes = 60 * 2**30  # of 64: past the 0.90 budget already
     await life.sample()
-    _, rec = await sleepy(life, "m")
-    assert rec.sleep_mode is SleepMode.LEVEL2 and life.reserved("m") == {}
+    _, rec = await sleepy(life, "m", residual={"node-a:gpu0": 700 * MIB})
+    assert rec.sleep_mode is SleepMode.LEVEL2 and set(life.reserved("m")) == {"m/r0"}  # no host RAM
+    assert life.reserved("m")["m/r0"].held_bytes == 700 * MIB  # what its engine said it still holds
     assert "level 2" in (await life.registry.get_model("m")).message or rec.message
     await life.registry.transition(t.Wake(model_id="m"))
     rec = await life.settle("m")
@@ -211,6 +220,38 @@ async def test_a_model_asleep_in_place_takes_its_devices_back_by_evicting_a_newc
     rec = await life.settle("m")
     assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL1
     assert rec.last_wake.evicted == ["other"] and life.cluster.apps["m"].builds == 1
+
+
+async def test_a_wake_in_place_on_a_packed_gpu_books_only_what_its_residual_does_not_hold(life):
+    """m sleeps keeping R on the L4, measured by its engine; "other" (never evicted) keeps the rest. The
+    wake needs m's footprint less R, which fits; the whole footprint again would not (it used to, once
+    the residual showed as foreign use on a real GPU: a spurious eviction or a cold restart)."""
+    m = await ready(life, "m", sleep_timeout=5, **BIG)
+    other = await ready(life, "other")  # no sleep_timeout: never evicted
+    f, o = m.plan.replicas[0].reservation_bytes, other.plan.replicas[0].reservation_bytes
+    budget = int(0.9 * (await life.registry.device_states())[0].total_bytes)
+    assert budget - f - o >= 0  # both fit awake
+    r = budget - f - o + 256 * MIB  # what m keeps asleep: the whole footprint would not fit beside it
+    life.cluster.sleepy[("m", 0)] = FakeSleep(residual={"node-a:gpu0": r})
+    idle_for(life, "m", 6)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == ["m"]
+    rec = await life.settle("m")
+    assert rec.sleep_mode is SleepMode.LEVEL1 and not rec.resident
+    gpu = (await life.registry.device_states())[0]
+    assert gpu.reserved_bytes == r + o and gpu.available_bytes == budget - r - o < f
+    assert gpu.dormant_bytes == f - r <= gpu.available_bytes
+
+    await life.registry.transition(t.Wake(model_id="m"))
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.LEVEL1 and rec.last_wake.evicted == []
+    assert (await life.registry.get_model("other")).status is ModelStatus.READY
+    assert life.reserved("m")["m/r0"].state is ReservationState.ACTIVE
+    assert (await life.registry.device_states())[0].reserved_bytes == f + o
+
+
+async def test_a_residual_measured_above_its_reservation_books_the_reservation(life):
+    before, _ = await sleepy(life, "m", residual={"node-a:gpu0": 40 * 2**30})
+    assert life.reserved("m")["m/r0"].held_bytes == before.plan.replicas[0].reservation_bytes
 
 
 async def test_a_model_asleep_in_place_waits_for_requests_on_its_gpu_rather_than_start_cold(life):
@@ -243,11 +284,14 @@ async def test_a_model_asleep_where_nothing_can_make_room_starts_again_on_anothe
         set_cluster(None)
 
 
-async def test_a_restarted_registry_keeps_the_host_ram_of_a_level_1_sleeper(life):
-    before, _ = await sleepy(life, "m")
+async def test_a_restarted_registry_keeps_the_host_ram_and_the_residual_of_a_level_1_sleeper(life):
+    before, _ = await sleepy(life, "m", residual={"node-a:gpu0": 900 * MIB})
     await life.start_registry()  # a new registry replica reads the records back
     await life.sample()
-    assert set(life.reserved("m")) == {"m/r0@host"}
+    assert set(life.reserved("m")) == {"m/r0", "m/r0@host"}
+    kept = life.reserved("m")["m/r0"]
+    assert kept.state is ReservationState.ASLEEP and kept.held_bytes == 900 * MIB  # as measured, not by plan
+    assert (await life.registry.device_states())[0].reserved_bytes == 900 * MIB
     assert (await life.registry.node_states())[0].host_reserved_bytes == before.plan.replicas[0].memory.weights
 
 

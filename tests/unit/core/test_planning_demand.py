@@ -56,9 +56,9 @@ def test_an_observed_demand_below_the_floor_is_raised_to_it():
 
 
 def test_the_default_demand_prefers_the_floor_on_one_gpu_to_tensor_parallelism_or_the_cpu():
-    # gemma-2-9b at 2048/512: an L4 holds 4 sequences, not 16; two L4s in TP or the CPU would hold 16
+    # gemma-2-9b at 1536/512: an L4 holds 4 sequences, not 16; two L4s in TP or the CPU would hold 16
     devices = [gpu("L4", "a", 0), gpu("L4", "a", 1), cpu("c", total_gib=64, cores=16)]
-    p = plan("google__gemma-2-9b", devices, max_input_prompt_length=2048, max_output_prompt_length=512)
+    p = plan("google__gemma-2-9b", devices, max_input_prompt_length=1536, max_output_prompt_length=512)
     r = p.replicas[0]
     assert r.settings.tensor_parallel_size == 1 and r.devices[0].startswith("a:gpu")
     assert FLOOR_SEQS <= r.settings.max_num_seqs < DEFAULT_SEQS

@@ -207,12 +207,114 @@ def test_unknown_tower_is_refused_unless_its_modality_is_off():
     assert text_only.towers == [] and text_only.kv_bytes_per_token(1) == 32 * 2 * 32 * 128 * 2
 
 
-def test_gemma4_vision_tower_is_refused_unless_images_are_off():
-    """The generic ViT arithmetic would count fewer tokens per image than Gemma 4's max_soft_tokens."""
+def test_gemma4_vision_tower_without_its_token_budget_is_a_422_unless_images_are_off():
+    """gemma4_mm.py reads vision_config.default_output_length for the tokens of an image; without it the
+    planner does not guess."""
     d = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
          "text_config": {k: v for k, v in _config("synthetic__gemma4-per-layer").items()
                          if k not in ("architectures", "transformers_version")},
          "vision_config": {"model_type": "gemma4_vision", "hidden_size": 256, "num_hidden_layers": 2}}
-    assert "gemma4_vision" in _refused(d)
+    assert "default_output_length" in _refused(d)
     text_only = profile_from_config_dict(d, vllm_kwargs={"limit_mm_per_prompt": {"image": 0}})
     assert text_only.kv_bytes_per_token(1) == profile("synthetic__gemma4-per-layer").kv_bytes_per_token(1)
+
+# ---- Gemma 4 31B, Llama 4 (chunked local attention), MiMo-V2-Flash (separate V head size) --------------
+
+
+def test_gemma4_31b_global_layers_keep_their_own_head_size_and_kv_heads():
+    """60 layers, every sixth global: 10 global layers of 4 KV heads x 512 (K and V both stored, also under
+    attention_k_eq_v), 50 sliding layers of 16 KV heads x 256, bf16."""
+    p = profile("google__gemma-4-31B-it")
+    assert p.family == "Gemma4Family"
+    assert p.kv_bytes_per_token(1) == 10 * 4 * (512 + 512) * 2 + 50 * 16 * (256 + 256) * 2  # 901,120
+    assert p.kv_bytes_per_token(2) == 10 * 2 * 1024 * 2 + 50 * 8 * 512 * 2
+    assert p.kv_bytes_per_token(8) == 10 * 1 * 1024 * 2 + 50 * 2 * 512 * 2  # 4 KV heads replicated past TP 4
+
+
+SCOUT = "meta-llama__Llama-4-Scout-17B-16E-Instruct"
+
+
+def test_llama4_rope_layers_are_chunked_local_attention_and_nope_layers_global():
+    """llama4.py: no_rope_layers[i] == 0 (every fourth layer of 48) is a global layer, the 36 others use
+    ChunkedLocalAttention of attention_chunk_size 8192; all 8 KV heads x 128, bf16."""
+    p = profile(SCOUT)
+    assert p.family == "Llama4Family"
+    groups = {g.kind: g for g in p.attention_groups}
+    assert (groups["full"].num_layers, groups["chunked"].num_layers) == (12, 36)
+    assert groups["chunked"].attention_chunk_size == 8192 and groups["chunked"].sliding_window is None
+    assert p.kv_bytes_per_token(1) == 48 * 2 * 8 * 128 * 2  # 196,608: a chunked layer costs the same per token
+    assert p.kv_bytes_per_token(2) == 48 * 2 * 4 * 128 * 2
+    assert p.kv_bytes_per_token(8) == 48 * 2 * 1 * 128 * 2
+
+
+def test_llama4_chunked_layers_hold_one_chunk_plus_the_in_flight_tokens():
+    """ChunkedLocalAttentionSpec.max_admission_blocks_per_request: cdiv(min(chunk + in-flight, L), block),
+    no extra block; full layers hold cdiv(L, block). 12 full and 36 chunked layers make groups of 12."""
+    p = profile(SCOUT)
+    page = 16 * 2 * 8 * 128 * 2  # one layer's 16-token block: 65,536 bytes
+    in_flight = 2 * 2048
+    per_request, block = p.kv_pool_need(32768, 1, 16, in_flight)
+    chunked_blocks = (8192 + 4096) // 16  # 768
+    full_blocks = 32768 // 16  # 2048
+    assert per_request == 12 * page * full_blocks + 3 * 12 * page * chunked_blocks
+    assert block == 12 * page
+    # shorter than one chunk: every layer holds the whole request
+    short, _ = p.kv_pool_need(4096, 1, 16, in_flight)
+    assert short == 48 * page * (4096 // 16)
+    # without the hybrid KV cache manager vLLM promotes chunked layers to full attention
+    promoted, _ = p.kv_pool_need(32768, 1, 16, in_flight, hybrid_manager=False)
+    assert promoted == 48 * page * full_blocks
+
+
+def test_llama4_moe_interleave_and_shared_expert():
+    """Llama4DecoderLayer: MoE on layers with (i + 1) % interleave_moe_layer_step == 0, each with a router
+    (hidden x experts), one shared expert and the routed experts of intermediate_size; the other layers a
+    dense MLP of intermediate_size_mlp (Maverick: step 2, 128 experts)."""
+    text = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 96,
+            "vocab_size": 1000, "num_local_experts": 8, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+            "attention_chunk_size": 128, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+    p = profile_from_config_dict({"architectures": ["Llama4ForCausalLM"], **text})
+    assert p.num_moe_layers == 2  # layers 1 and 3
+    h = 64
+    attention = 4 * (h * 4 * 16 + 2 * h * 2 * 16 + 4 * 16 * h)
+    dense = 2 * 3 * h * 96
+    moe = 2 * (h * 8 + 3 * h * 32 + 8 * 3 * h * 32)  # router, shared expert, experts
+    norms = 4 * 2 * h + h
+    assert p.num_params == 2 * 1000 * h + attention + dense + moe + norms
+    # layers 0, 1, 2 use RoPE (chunked), layer 3 is NoPE (global), as no_rope_layer_interval 4 gives
+    assert {g.kind: g.num_layers for g in p.attention_groups} == {"full": 1, "chunked": 3}
+
+
+MIMO = "XiaomiMiMo__MiMo-V2-Flash"
+
+
+def test_mimo_v2_flash_keeps_v_at_its_own_head_size_with_per_kind_heads():
+    """mimo_v2.py: hybrid_layer_pattern 1 = sliding window (swa_num_key_value_heads 8, swa_head_dim 192,
+    swa_v_head_dim 128), 0 = global (4 KV heads, head_dim 192, v_head_dim 128); Attention(head_size_v=...)
+    stores K and V at their own widths: (192 + 128) x 2 bytes per head."""
+    p = profile(MIMO)
+    assert p.family == "MiMoV2Family"
+    groups = {g.kind: g for g in p.attention_groups}
+    assert (groups["full"].num_layers, groups["sliding"].num_layers) == (9, 39)
+    assert groups["sliding"].sliding_window == 128
+    assert p.kv_bytes_per_token(1) == 9 * 4 * (192 + 128) * 2 + 39 * 8 * (192 + 128) * 2  # 222,720
+    assert p.kv_bytes_per_token(2) == 9 * 2 * 320 * 2 + 39 * 4 * 320 * 2
+    assert p.kv_bytes_per_token(8) == 9 * 1 * 320 * 2 + 39 * 1 * 320 * 2  # 4 global KV heads replicated
+
+
+def test_mimo_v2_flash_request_pool_mixes_its_two_page_sizes():
+    """The global page (4 heads) is half the sliding one (8 heads): vLLM gives it twice the tokens per block
+    (unify_kv_cache_spec_page_size). 9 global and 39 sliding layers make groups of 9 (5 sliding groups)."""
+    p = profile(MIMO)
+    sliding_page = 16 * 8 * 320 * 2  # 81,920
+    per_request, block = p.kv_pool_need(8192, 1, 16, 1024)
+    full_blocks = 8192 // 32  # 32 tokens per global block
+    sliding_blocks = -(-(128 - 1 + 1024) // 16) + 1  # 73
+    assert per_request == 9 * sliding_page * full_blocks + 5 * 9 * sliding_page * sliding_blocks
+    assert block == 9 * sliding_page
+
+
+def test_mimo_v2_without_a_hybrid_layer_pattern_is_refused():
+    d = {k: v for k, v in _config(MIMO).items() if k != "hybrid_layer_pattern"}
+    assert "hybrid_layer_pattern" in _refused(d)

@@ -246,3 +246,67 @@ def test_idefics3_splitting_off_is_one_tile(tmp_path):
     single = load_profile(folder, {"mm_processor_kwargs": {"do_image_splitting": False}}).mm_items["image"]
     assert single.tokens == 169 and split.tokens == 17 * single.tokens
     assert "do_image_splitting" in split.knob
+
+
+# ---- Gemma 4 and Llama 4 vision towers ----------------------------------------------------------
+
+GEMMA4 = "google__gemma-4-31B-it"
+SCOUT = "meta-llama__Llama-4-Scout-17B-16E-Instruct"
+
+
+def test_gemma4_image_is_its_soft_token_budget():
+    """Gemma4ProcessingInfo.get_mm_max_tokens_per_item: vision_config.default_output_length (280), or a
+    supported max_soft_tokens from mm_processor_kwargs; <boi> and <eoi> around it; the tower runs over
+    tokens x pooling_kernel_size^2 (3 x 3) patches."""
+    image = mm_profile(GEMMA4).mm_items["image"]
+    assert (image.tokens, image.prompt_tokens, image.encoder_positions, image.limit) == (280, 282, 280 * 9, 1)
+    assert mm_profile(GEMMA4, mm_processor_kwargs={"max_soft_tokens": 1120}).mm_items["image"].tokens == 1120
+    scoped = mm_profile(GEMMA4, mm_processor_kwargs={"images_kwargs": {"max_soft_tokens": 70}})
+    assert scoped.mm_items["image"].tokens == 70
+    # vLLM keeps the config's budget for a value outside (70, 140, 280, 560, 1120)
+    assert mm_profile(GEMMA4, mm_processor_kwargs={"max_soft_tokens": 300}).mm_items["image"].tokens == 280
+    video = mm_profile(GEMMA4).mm_items["video"]
+    assert (video.tokens, video.limit) == (32 * (70 + 2 + 6), 0)  # 32 frames; off unless asked for
+
+
+def test_gemma4_vision_tower_weights_and_replication():
+    """transformers' Gemma4VisionModel as vLLM builds it (every linear ReplicatedLinear) plus embed_vision.
+    31B tower: 1152 wide, 27 layers of 16 heads x 72 (q, k, v, o, q/k norms), gated MLP 4304, four norms;
+    a 16 px patch projection, a 2 x 10240 position table, std bias/scale; projection to 5376."""
+    p = mm_profile(GEMMA4)
+    layer = 4 * 1152 * (16 * 72) + 2 * 72 + 3 * 1152 * 4304 + 4 * 1152
+    embed = 3 * 16 * 16 * 1152 + 2 * 10240 * 1152 + 2 * 1152
+    tower = p.tower("vision")
+    assert tower is not None and tower.replicated
+    assert tower.params == p.params.towers == 27 * layer + embed + 1152 * 5376  # 575,743,536
+    # every rank holds the whole tower at TP 2
+    off = mm_profile(GEMMA4, limit_mm_per_prompt={"image": 0})
+    assert p.weight_bytes_per_rank(2) - off.weight_bytes_per_rank(2) == tower.params * 2
+
+
+def test_llama4_image_is_sixteen_tiles_and_the_global_image():
+    """mllama4.py: the dummy image is max_patches (16) tiles high; 17 chunks of (336 / 14)^2 / 4 = 144
+    tokens; the prompt adds <|image_start|>, a separator per tile, <|image|>, <|image_end|>."""
+    image = mm_profile(SCOUT).mm_items["image"]
+    assert image.tokens == 17 * 144 == 2448
+    assert image.prompt_tokens == 2448 + 16 + 3
+    assert image.encoder_positions == 17 * (24 * 24 + 1)  # patches plus the class token per chunk
+    four = mm_profile(SCOUT, mm_processor_kwargs={"max_patches": 4}).mm_items["image"]
+    assert (four.tokens, four.prompt_tokens) == (5 * 144, 5 * 144 + 4 + 3)
+    one = mm_profile(SCOUT, mm_processor_kwargs={"max_patches": 1}).mm_items["image"]
+    assert (one.tokens, one.prompt_tokens) == (144, 144 + 3)  # a single tile has no global image
+
+
+def test_llama4_vision_tower_weights():
+    """Llama4VisionModel + multi_modal_projector: per layer fused qkv and o with biases, a biased fc1/fc2
+    MLP and two LayerNorms; patch projection (no bias), class token, 577 positions, pre/post LayerNorms;
+    the pixel-shuffle adapter (5632 -> 4096 -> 4096, no bias) and the projector 4096 -> 5120."""
+    vh, vi = 1408, 5632
+    layer = (vh * 3 * vh + 3 * vh) + (vh * vh + vh) + (vh * vi + vi) + (vi * vh + vh) + 2 * 2 * vh
+    embed = 3 * 14 * 14 * vh + vh + 577 * vh + 2 * 2 * vh
+    adapter = 5632 * 4096 + 4096 * 4096
+    p = mm_profile(SCOUT)
+    tower = p.tower("vision")
+    assert tower is not None and not tower.replicated  # TP-sharded unless mm_encoder_tp_mode="data"
+    assert tower.params == 34 * layer + embed + adapter + 4096 * 5120
+    assert mm_profile(SCOUT, mm_encoder_tp_mode="data").tower("vision").replicated

@@ -269,3 +269,16 @@ def test_head_dim_zero_is_unset_as_in_vllm():
     with open(os.path.join(fixture_path("meta-llama__Llama-3.1-8B"), "config.json")) as f:
         config = {**json.load(f), "head_dim": 0}
     assert profile_from_config_dict(config).head_dim == 4096 // 32
+
+
+def test_chunked_local_attention_requests_hold_a_chunk_plus_two_batches():
+    """kv_need passes two batches of max_num_batched_tokens as in flight (VllmConfig.max_in_flight_tokens);
+    a Llama 4 Scout chunked layer then holds min(8192 + 2 x 8192, L) tokens, a global layer all L."""
+    p = profile("meta-llama__Llama-4-Scout-17B-16E-Instruct")
+    page = 16 * 2 * 8 * 128 * 2  # one layer's 16-token block, TP 1
+    per_request, block = kv_need(p, 65536, 1, 16, 8192)
+    assert per_request == 12 * page * (65536 // 16) + 36 * page * ((8192 + 16384) // 16)
+    assert block == 12 * page
+    # at TP 2 each rank holds half the KV heads
+    half, _ = kv_need(p, 65536, 2, 16, 8192)
+    assert half * 2 == per_request

@@ -47,6 +47,7 @@ from hive_apps.core.state.records import (
     ModelStatus,
     Origin,
     Reservation,
+    ReservationState,
     SleepMode,
     dump_stored,
     load_stored,
@@ -567,13 +568,19 @@ class Transitions(RuleBasedStateMachine):
                 for rp in rec.live_replicas:
                     key = names.replica_key(rec.model_id, rp.index) + "@host"
                     assert key in self.ledger.reservations, f"{rec.model_id} sleeps at level 1 without {key}"
+            if rec.status in DORMANT and not rec.resident and rec.sleeps_in_place:
+                for rp in rec.live_replicas:  # what its engines still hold stays booked on their devices
+                    r = self.ledger.reservations.get(names.replica_key(rec.model_id, rp.index))
+                    assert r is not None and r.state is ReservationState.ASLEEP and r.devices == rp.devices, \
+                        f"{rec.model_id} sleeps in place but r{rp.index} books no residual"
 
     @invariant()
     def bookings_within_budget(self):
         booked: dict[str, int] = {}
         for r in self.ledger.reservations.values():
-            for dev in r.devices:
-                booked[dev] = booked.get(dev, 0) + r.bytes_per_device
+            for dev in r.devices:  # an engine asleep in place books only its residual
+                booked[dev] = booked.get(dev, 0) + (r.residual_bytes if r.state is ReservationState.ASLEEP
+                                                    else r.bytes_per_device)
         for dev, nbytes in booked.items():
             total = HOST_TOTAL[dev.removesuffix(":host")] if dev.endswith(":host") else GPU_TOTAL
             assert nbytes <= int(BUDGET * total), f"{dev} is booked past its budget"

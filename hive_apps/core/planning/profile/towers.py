@@ -1,8 +1,8 @@
 """Vision and audio towers: their parameters and the worst-case item of every modality they serve.
 
 The token math of each family lives in ``hive_apps/core/planning/multimodal.py``; here the towers are
-recognised from the config (Qwen2/2.5-VL's own ViT, a generic CLIP/SigLIP-style ViT with its
-projector, a Whisper-style audio encoder), the ``limit_mm_per_prompt`` defaults applied, and a
+recognised from the config (Qwen2/2.5-VL's own ViT, Gemma 4's and Llama 4's vision encoders, a
+generic CLIP/SigLIP-style ViT with its projector, a Whisper-style audio encoder), the ``limit_mm_per_prompt`` defaults applied, and a
 family's ``mm_max_tokens_per_item`` (a user class) laid over the built-in figures.
 """
 
@@ -22,9 +22,10 @@ def _vit_block(vh: int, vi: int) -> int:
     return 4 * vh * vh + 4 * vh + 2 * vh * vi + vi + vh + 4 * vh
 
 
-# Towers whose size or tokens the generic ViT / Whisper arithmetic would put too low (Gemma 4's vision
-# encoder yields up to max_soft_tokens per image, more than (image_size/patch)^2): refused, not estimated.
-_UNMODELLED_TOWERS = {"gemma4_vision", "gemma4_audio", "mllama_vision_model"}
+# Towers whose size or tokens the generic ViT / Whisper arithmetic would get wrong and that have no
+# arithmetic of their own here (Gemma 4's conformer audio encoder, Mllama's cross-attention tower):
+# refused, not estimated.
+_UNMODELLED_TOWERS = {"gemma4_audio", "mllama_vision_model"}
 
 # modality -> (tower kind, tokens, prompt tokens, tower positions, knob, how)
 _Raw = dict[str, tuple[str, int, int, int, str, str]]
@@ -52,6 +53,64 @@ def _qwen_vl(cfg: Any, vc: Any, model_type: str, lm_hidden: int, pre: Any, mm_kw
         scope = "images_kwargs" if modality == "image" else "videos_kwargs"
         raw[modality] = ("vision", tokens, tokens + mm.QWEN_VL_WRAPPER_TOKENS, positions,
                          f"mm_processor_kwargs.max_pixels (or {scope}.max_pixels)", how)
+    defaults["image"] = 1
+
+
+def _gemma4_vision(cfg: Any, vc: Any, lm_hidden: int, mm_kwargs: dict[str, Any], towers: list[TowerInfo],
+                   raw: _Raw, defaults: dict[str, int]) -> None:
+    """Gemma 4's vision tower: transformers' ``Gemma4VisionModel`` (``AutoModel.from_config``) with its linears
+    replaced by ``ReplicatedLinear`` (``recursive_replace_linear(..., "replicate")``), so every rank holds it
+    whole, plus ``embed_vision`` (``Gemma4MultimodalEmbedder``: one bias-free projection to the LM width)."""
+    vh = int(get(vc, "hidden_size"))
+    vi = int(get(vc, "intermediate_size"))
+    depth = int(get(vc, "num_hidden_layers"))
+    heads = int(get(vc, "num_attention_heads"))
+    kv_heads = int(get(vc, "num_key_value_heads", default=heads))
+    head = int(get(vc, "head_dim", default=vh // heads))
+    patch = int(get(vc, "patch_size"))
+    table = int(get(vc, "position_embedding_size"))
+    # Gemma4VisionAttention: q, k, v, o without bias, q_norm and k_norm of head_dim (v_norm has no weight);
+    # Gemma4VisionMLP: gate, up, down; four RMSNorms per layer (Gemma4VisionEncoderLayer)
+    block = vh * heads * head + 2 * vh * kv_heads * head + heads * head * vh + 2 * head + 3 * vh * vi + 4 * vh
+    # Gemma4VisionPatchEmbedder: input_proj (3 * patch^2 -> hidden, no bias), a (2, table, hidden) position table;
+    # std_bias / std_scale buffers with standardize (loaded from the checkpoint)
+    embed = 3 * patch * patch * vh + 2 * table * vh + (2 * vh if get(vc, "standardize", default=False) else 0)
+    params = depth * block + embed + vh * lm_hidden
+    towers.append(TowerInfo(kind="vision", modalities=["image", "video"], hidden_size=vh, intermediate_size=vi,
+                            num_layers=depth, params=params, replicated=True))
+    for modality, (tokens, prompt, positions, how) in mm.gemma4_items(vc, get, mm_kwargs).items():
+        knob = ("mm_processor_kwargs.max_soft_tokens (70, 140, 280, 560 or 1120)" if modality == "image"
+                else "limit_mm_per_prompt")
+        raw[modality] = ("vision", tokens, prompt, positions, knob, how)
+    defaults["image"] = 1
+
+
+def _llama4_vision(cfg: Any, vc: Any, lm_hidden: int, pre: Any, mm_kwargs: dict[str, Any], replicated: bool,
+                   towers: list[TowerInfo], raw: _Raw, defaults: dict[str, int]) -> None:
+    """Llama 4's vision encoder (``mllama4.py::Llama4VisionModel``) and ``multi_modal_projector``: TP-sharded
+    linears (Column/RowParallelLinear), unless ``mm_encoder_tp_mode="data"`` replicates them."""
+    vh = int(get(vc, "hidden_size"))
+    vi = int(get(vc, "intermediate_size"))
+    depth = int(get(vc, "num_hidden_layers"))
+    patch = int(get(vc, "patch_size"))
+    image = int(get(vc, "image_size"))
+    channels = int(get(vc, "num_channels", default=3))
+    # Llama4VisionEncoderLayer: fused qkv and o with biases, a biased two-matrix MLP, two LayerNorms
+    block = _vit_block(vh, vi)
+    positions = (image // patch) ** 2 + 1
+    # Llama4UnfoldConvolution (no bias), class embedding, positional_embedding_vlm, layernorm_pre / _post
+    embed = channels * patch * patch * vh + vh + positions * vh + 4 * vh
+    # vision_adapter (Llama4VisionPixelShuffleMLP): fc1 intermediate_size -> projector_input_dim, fc2 ->
+    # projector_output_dim, biased with multi_modal_projector_bias; multi_modal_projector.linear_1 (no bias)
+    inner, outer = int(get(vc, "projector_input_dim")), int(get(vc, "projector_output_dim"))
+    bias = bool(get(vc, "multi_modal_projector_bias", default=False))
+    adapter = vi * inner + inner * outer + ((inner + outer) if bias else 0)
+    projector = int(get(vc, "vision_output_dim")) * lm_hidden
+    params = depth * block + embed + adapter + projector
+    towers.append(TowerInfo(kind="vision", modalities=["image"], hidden_size=vh, intermediate_size=vi,
+                            num_layers=depth, params=params, replicated=replicated))
+    tokens, prompt, pos, how = mm.llama4_image(vc, get, pre, mm_kwargs)
+    raw["image"] = ("vision", tokens, prompt, pos, "mm_processor_kwargs.max_patches (tiles per image)", how)
     defaults["image"] = 1
 
 
@@ -147,6 +206,14 @@ def towers_and_items(cfg: Any, text: Any, model_type: str, lm_hidden: int, folde
         vtype = str(get(vc, "model_type", default=""))
         if vtype in _UNMODELLED_TOWERS:
             _unknown_tower("vision", vtype, vllm_kwargs, override, "image")
+        elif vtype == "gemma4_vision" and get(vc, "default_output_length") is None:
+            # gemma4_mm.py reads vision_config.default_output_length for the tokens of an image
+            _unknown_tower("vision", "gemma4_vision without vision_config.default_output_length", vllm_kwargs,
+                           override, "image")
+        elif vtype == "gemma4_vision":
+            _gemma4_vision(cfg, vc, lm_hidden, mm_kwargs, towers, raw, defaults)
+        elif vtype == "llama4_vision_model":
+            _llama4_vision(cfg, vc, lm_hidden, pre, mm_kwargs, replicated, towers, raw, defaults)
         elif vtype.startswith(("qwen2_5_vl", "qwen2_vl")) or model_type in ("qwen2_vl", "qwen2_5_vl"):
             _qwen_vl(cfg, vc, model_type, lm_hidden, pre, mm_kwargs, replicated, notes, towers, raw, defaults)
         elif not _vit(cfg, vc, model_type, lm_hidden, pre, mm_kwargs, replicated, notes, towers, raw, defaults):

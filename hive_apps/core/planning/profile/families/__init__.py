@@ -41,13 +41,14 @@ from hive_apps.core.planning.profile.families.common import (
 )
 from hive_apps.core.planning.profile.families.gemma import Gemma2Family, Gemma3Family, Gemma3nFamily, Gemma4Family
 from hive_apps.core.planning.profile.families.hybrid import NemotronHFamily, NemotronNasFamily, Qwen3NextFamily
+from hive_apps.core.planning.profile.families.local import Llama4Family, MiMoV2Family
 from hive_apps.core.planning.profile.families.mla import MlaFamily, MlaFullKvFamily, UnverifiedMlaFamily
 from hive_apps.core.planning.types import PlanningError
 
 FAMILIES: list[type[Family]] = [
     EncoderFamily, Qwen2Family, QkNormFamily, Qwen3NextFamily, Gemma2Family, Gemma3Family, GptOssFamily,
     UngatedFamily, FalconFamily, NemotronHFamily, MlaFamily, MlaFullKvFamily, UnverifiedMlaFamily,
-    NemotronNasFamily, Gemma3nFamily, Gemma4Family,
+    NemotronNasFamily, Gemma3nFamily, Gemma4Family, Llama4Family, MiMoV2Family,
 ]
 _BY_TYPE = {t: fam for fam in FAMILIES for t in fam.model_types}
 _BY_ARCH = {a: fam for fam in FAMILIES for a in fam.architectures}

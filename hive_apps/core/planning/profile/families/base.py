@@ -65,12 +65,12 @@ class Ctx:
 class Layer:
     """One decoder layer as vLLM builds it."""
 
-    mixer: str  # "attn" | "sliding" | "mla" | "mamba2" | "gdn" | "none"
+    mixer: str  # "attn" | "sliding" | "chunked" | "mla" | "mamba2" | "gdn" | "none"
     ffn: str  # "dense" | "moe" | "none"
     kv_heads: int = 0  # total KV heads of this layer's cache
     head_size: int = 0
     head_size_v: int = 0
-    window: int | None = None
+    window: int | None = None  # sliding window, or the chunk of chunked local attention
     intermediate: int = 0  # width of this layer's dense MLP
     kv_shared: bool = False  # reads another layer's cache and keeps none of its own
     indexer_bytes: int = 0  # a sparse-MLA indexer cache on this layer: bytes per token
@@ -239,6 +239,11 @@ class Family:
             return "attn"
         return kind
 
+    def attention_chunk_size(self) -> int | None:
+        """The chunk of chunked local attention layers (vLLM's ``ModelConfig.attention_chunk_size``)."""
+        v = self.num("attention_chunk_size")
+        return int(v) if v else None
+
     def layer_config(self, i: int) -> Any:
         return fields.layer_config(self.text, i)
 
@@ -268,11 +273,12 @@ class Family:
         mixer = self.mixer_of(layer_type, i)
         lc = self.layer_config(i)
         ffn = "moe" if self.is_moe_layer(i) else "dense"
-        if mixer in ("attn", "sliding"):
+        if mixer in ("attn", "sliding", "chunked"):
             hd = self.head_dim(lc)
+            window = self.sliding_window(lc) if mixer == "sliding" else \
+                self.attention_chunk_size() if mixer == "chunked" else None
             return Layer(mixer=mixer, ffn=ffn, kv_heads=self.kv_heads(lc), head_size=hd, head_size_v=hd,
-                         window=self.sliding_window(lc) if mixer == "sliding" else None,
-                         intermediate=self.layer_intermediate(lc, i), kv_shared=self.kv_shared(i))
+                         window=window, intermediate=self.layer_intermediate(lc, i), kv_shared=self.kv_shared(i))
         return Layer(mixer=mixer, ffn=ffn, intermediate=self.layer_intermediate(lc, i))
 
     @cached_property
@@ -294,15 +300,18 @@ class Family:
                 counts[key] = counts.get(key, 0) + 1
         keys = sorted(counts, key=lambda k: (k[0] != "full", list(counts).index(k)))
         return [AttentionGroup(kind=k[0], num_layers=counts[k], num_kv_heads=k[1], head_size=k[2],
-                               head_size_v=k[3], replicated=k[4], sliding_window=k[5],
+                               head_size_v=k[3], replicated=k[4],
+                               sliding_window=k[5] if k[0] == "sliding" else None,
+                               attention_chunk_size=k[5] if k[0] == "chunked" else None,
                                fixed_bytes_per_token=k[6], role=k[7]) for k in keys]
 
     def cache_keys(self, layer: Layer) -> list[tuple[Any, ...]]:
-        """(kind, kv heads, head size, head size v, replicated, window, fixed bytes, role) per cache of a layer."""
+        """(kind, kv heads, head size, head size v, replicated, window or chunk, fixed bytes, role) per cache."""
         if layer.mixer == "attn":
             return [("full", layer.kv_heads, layer.head_size, layer.head_size_v, False, None, None, "kv")]
-        if layer.mixer == "sliding":
-            return [("sliding", layer.kv_heads, layer.head_size, layer.head_size_v, False, layer.window, None, "kv")]
+        if layer.mixer in ("sliding", "chunked"):
+            return [(layer.mixer, layer.kv_heads, layer.head_size, layer.head_size_v, False, layer.window, None,
+                     "kv")]
         return []
 
     def state_groups(self) -> list[StateGroup]:
@@ -407,7 +416,7 @@ class Family:
                       matrices=self.expert_matrices)
         for layer in self.layers:
             c.small += self.norms_per_layer * h
-            if layer.mixer in ("attn", "sliding", "mla"):
+            if layer.mixer in ("attn", "sliding", "chunked", "mla"):
                 self.attention_params(layer, c)
             else:
                 self.mixer_params(layer, c)
