@@ -163,3 +163,14 @@ def run_example(hive: Hive, script: str, *args: str, timeout: float = 120, **env
         env={**os.environ, "HIVE_URL": hive.url, "HIVE_ADMIN_TOKEN": ADMIN_TOKEN, "HIVE_API_KEY": API_KEY, **env})
     assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
+
+
+def scrape_metrics(hive: Hive) -> str:
+    """Every node's Prometheus text from Ray's metrics agents (a node that does not answer is left out)."""
+    texts = []
+    for node in [hive.cluster.head_node, *hive.cluster.worker_nodes]:
+        try:
+            texts.append(httpx.get(f"http://127.0.0.1:{node.metrics_export_port}/metrics", timeout=10).text)
+        except httpx.HTTPError:
+            pass
+    return "\n".join(texts)

@@ -49,6 +49,7 @@ class HiveSettings(BaseSettings):
     self_heal: bool = Field(True, description="Replace replicas lost with their node where capacity exists.")
     heal_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between self-healing attempts of one model (doubles from 2 s).")
     vllm_kwargs_allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated vLLM arguments a deploy may pass beyond the hive's allow-list (hive_apps/core/vllm_args.py).")
+    engine_env_allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated environment variables (names, or PREFIX* patterns) a deploy's env may set beyond the hive's allow-list (hive_apps/core/engine_env.py); the variables the hive pins or guards stay refused.")
     trust_remote_code: bool = Field(False, description="Let deploys set trust_remote_code (runs a model repository's own code on the node).")
     hook_packages: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Comma-separated package prefixes that hive_placement_policy / hive_attention_cls classes may come from; empty = hooks off.")
     plan_timeout_s: float = Field(30.0, gt=0, description="Longest one plan may compute; past it the deploy gets 422.")
@@ -79,7 +80,8 @@ class HiveSettings(BaseSettings):
                                             "each node: set it per node (a hostPath or PVC on Kubernetes).")
     fetch_workers: int = Field(8, ge=1, le=64, description="Files one node downloads at once for one model.")
 
-    @field_validator("api_keys", "vllm_kwargs_allow", "hook_packages", "media_hosts", "cors_origins", mode="before")
+    @field_validator("api_keys", "vllm_kwargs_allow", "engine_env_allow", "hook_packages", "media_hosts", "cors_origins",
+                     mode="before")
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -91,6 +93,15 @@ class HiveSettings(BaseSettings):
     def _hostnames(cls, v: list[str]) -> list[str]:
         if isinstance(v, list):
             return [h.lower() for h in v]
+        return v
+
+    @field_validator("engine_env_allow")
+    @classmethod
+    def _env_patterns(cls, v: list[str]) -> list[str]:
+        """A name or a prefix with one trailing ``*``: anything else would match nothing, or not what was meant."""
+        bad = [p for p in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?|\*", p)]
+        if bad:
+            raise ValueError(f"not a variable name or a PREFIX* pattern: {', '.join(bad)}")
         return v
 
     @field_validator("cors_origins")

@@ -8,11 +8,12 @@ Two kinds of checks, and which run depends on the pydantic validation context:
 
 * shape, always: field types and bounds, the model id slug, device names, a source the hive can
   parse (no ``..``), and the ``vllm_kwargs`` rules no setting changes (value types, the keys the
-  hive never passes on, sim-engine keys, vLLM's old ``task``);
+  hive never passes on, sim-engine keys, vLLM's old ``task``), ``aliases`` as slugs, and the
+  ``env`` names and values no setting allows (``core/engine_env.py``);
 * the operator's policy, only when the context carries the settings (``context={SETTINGS:
   settings}``, or ``ModelSpec.under_policy(body, settings)``): a folder under HIVE_MODEL_ROOT,
-  and the ``vllm_kwargs`` HIVE_VLLM_KWARGS_ALLOW, HIVE_TRUST_REMOTE_CODE and HIVE_HOOK_PACKAGES
-  allow.
+  the ``vllm_kwargs`` HIVE_VLLM_KWARGS_ALLOW, HIVE_TRUST_REMOTE_CODE and HIVE_HOOK_PACKAGES
+  allow, and the ``env`` names HIVE_ENGINE_ENV_ALLOW allows.
 
 A spec built without settings in context (in code, in a unit test, unpickled, a stored record
 re-read) is checked for shape only: the policy is today's, and it binds what a user sends now.
@@ -33,6 +34,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from hive_apps.core.engine_env import engine_env_problems
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.vllm_args import vllm_kwargs_problems
 
@@ -92,6 +94,7 @@ def checked_model_id(v: str) -> str:
 # vLLM 0.32's LoRAConfig.max_lora_rank: one of these (``vllm/config/lora.py`` MaxLoRARanks)
 LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MAX_LORAS: Final = 256  # LoRA slots per engine the hive accepts (each costs memory on every device)
+MAX_ALIASES: Final = 16  # other names of one model on /v1 (each is a name the namespace holds for it)
 
 
 class LoraSpec(BaseModel):
@@ -274,6 +277,18 @@ class ModelSpec(BaseModel):
                           "(docs/lora.md). Generative models only.",
     )
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+    aliases: list[str] = Field(
+        default_factory=list,
+        description=f"Other names clients may send as 'model' on /v1 and /<model_id>/v1 (at most {MAX_ALIASES}), "
+                    "listed in GET /v1/models beside the model_id; each a slug like model_id, unique among models, "
+                    "their aliases and LoRA adapters. Requests are served as model_id. Changes in place (PUT).",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables of the model's engine processes: tuning knobs the hive allows "
+                    "(hive_apps/core/engine_env.py) or the operator adds with HIVE_ENGINE_ENV_ALLOW; device pins, "
+                    "credentials and the hive's own variables are refused. Changing them starts new engines.",
+    )
 
     @classmethod
     def under_policy(cls, body: Any, settings: HiveSettings) -> ModelSpec:
@@ -321,6 +336,31 @@ class ModelSpec(BaseModel):
         the operator must allow only under a policy (settings in the validation context)."""
         engine = info.data.get("engine", EngineKind.VLLM)
         problems = vllm_kwargs_problems(v, getattr(engine, "value", engine), policy_of(info))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_are_free_slugs(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("model_id") in v:
+            raise ValueError(f"lists the model_id {info.data['model_id']!r}, the model's name already; drop it")
+        if len(v) > MAX_ALIASES:
+            raise ValueError(f"lists {len(v)} aliases; at most {MAX_ALIASES}")
+        for alias in v:
+            try:
+                checked_model_id(alias)
+            except ValueError as e:
+                raise ValueError(f"alias {alias!r}: {str(e).replace('model_id', 'alias')}") from None
+        if len(set(v)) != len(v):
+            raise ValueError("lists the same alias twice; name each alias once")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """Names the hive never passes on always refused; the operator's allow-list only under a policy."""
+        problems = engine_env_problems(v, policy_of(info))
         if problems:
             raise ValueError("; ".join(problems))
         return v

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.cluster.conftest import SIM_MODEL
-from tests.harness import ADMIN_TOKEN, API_KEY
+from tests.harness import ADMIN_TOKEN, API_KEY, scrape_metrics
 
 pytestmark = pytest.mark.cluster
 
@@ -71,19 +71,6 @@ def test_one_request_id_through_proxy_router_and_engine_and_no_secrets_in_the_lo
         assert secret not in text, f"{secret!r} leaked into the Serve logs"
 
 
-def scrape(hive) -> str:
-    """Every node's Prometheus text from Ray's metrics agents."""
-    import httpx
-
-    texts = []
-    for node in [hive.cluster.head_node, *hive.cluster.worker_nodes]:
-        try:
-            texts.append(httpx.get(f"http://127.0.0.1:{node.metrics_export_port}/metrics", timeout=5).text)
-        except httpx.HTTPError:
-            pass
-    return "\n".join(texts)
-
-
 def test_metrics_reach_prometheus_with_the_dashboards_names(clean):
     from hive_apps.ops import metrics
 
@@ -102,7 +89,7 @@ def test_metrics_reach_prometheus_with_the_dashboards_names(clean):
               'ray_hive_replica_planned_seqs{', 'ray_hive_deploy_seconds_bucket{', 'ray_hive_tokens_total{']
     deadline = time.time() + 45  # Ray's agents export what processes reported every few seconds
     while True:
-        text = scrape(hive)
+        text = scrape_metrics(hive)
         entries = {'entry="gateway"' in ln for ln in request_lines(text)}
         if (all(w in text for w in wanted) and entries == {True, False}) or time.time() > deadline:
             break

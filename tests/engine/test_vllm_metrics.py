@@ -9,8 +9,9 @@ agent exports what it got: the test polls with a deadline, as tests/cluster/test
 import re
 import time
 
-import httpx
 import pytest
+
+from tests.harness import scrape_metrics
 
 pytestmark = pytest.mark.engine
 
@@ -18,17 +19,6 @@ PROMPT = "Count the bees in the metrics hive."
 REQUESTS, MAX_TOKENS = 3, 4
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>.*)\} (?P<value>\S+)(?: \d+)?$')
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def scrape(hive) -> str:
-    """Every node's Prometheus text from Ray's metrics agents (the engine runs on the head here)."""
-    texts = []
-    for node in [hive.cluster.head_node, *hive.cluster.worker_nodes]:
-        try:
-            texts.append(httpx.get(f"http://127.0.0.1:{node.metrics_export_port}/metrics", timeout=10).text)
-        except httpx.HTTPError:
-            pass
-    return "\n".join(texts)
 
 
 def values(text: str, name: str, **labels: str) -> list[float]:
@@ -60,7 +50,7 @@ def test_vllms_own_metrics_reach_rays_metrics_agent_labelled_with_the_model(hive
     # counts include the engine's warm-up and earlier tests' requests: ours are a lower bound
     deadline = time.monotonic() + 60
     while True:
-        text = scrape(hive)
+        text = scrape_metrics(hive)
         ttft = total(text, "ray_vllm_time_to_first_token_seconds_count", model_name="tiny")
         prompt = total(text, "ray_vllm_prompt_tokens_total", model_name="tiny")
         hive_in = total(text, "ray_hive_tokens_total", model="tiny", direction="in")

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from hive_apps.control.admin.schemas import AdminError
 from hive_apps.core.planning.adapter_source import AdapterCheck
 from hive_apps.core.spec import AdapterSpec
+from hive_apps.core.state.namespace import holder_of
 from hive_apps.core.state.records import ENDED, LISTED, SERVING, AdapterRecord, ModelStatus
 from hive_apps.core.state.transitions import CreateAdapter, DeleteAdapter
 from hive_apps.core.weights.types import SourceKind
@@ -71,6 +72,9 @@ async def admit_adapter(admin: AdminService, spec: AdapterSpec) -> AdapterRecord
     taken = await registry.get_model.remote(spec.model_id)
     if taken is not None and taken.status not in ENDED:
         raise AdminError(409, f"{spec.model_id!r} is a model's name; choose another model_id", "model_id")
+    holder = holder_of(spec.model_id, await registry.list_models.remote(), ())
+    if holder is not None:
+        raise AdminError(409, f"{spec.model_id!r} is taken by {holder}; choose another model_id", "model_id")
     base = await registry.get_model.remote(spec.base)
     if base is None or base.status in ENDED:
         raise AdminError(404, f"unknown base {spec.base!r}: no deployed model has that model_id (GET /admin/models "

@@ -48,6 +48,7 @@ from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import AdapterSpec, ModelSpec
 from hive_apps.core.state.changes import spec_change
 from hive_apps.core.state.ledger import DeviceState
+from hive_apps.core.state.namespace import alias_conflict
 from hive_apps.core.state.records import (
     ENDED,
     SERVING,
@@ -202,6 +203,7 @@ class AdminService(ControlPlane):
         if await self.registry.get_adapter.remote(spec.model_id) is not None:
             raise AdminError(409, f"model_id {spec.model_id!r} is a LoRA adapter's name; DELETE "
                                   f"/admin/adapters/{spec.model_id} first or choose another model_id", "model_id")
+        await self.check_names(spec)
         began = time.perf_counter()
         plan = await self.place(spec)
         placed = time.perf_counter()
@@ -216,10 +218,18 @@ class AdminService(ControlPlane):
         outcome = await self.registry.transition.remote(Create(model_id=spec.model_id, record=record,
                                                                reservations=reservations))
         if not outcome.ok:
-            field = "model_id" if "model_id" in outcome.message else None
+            field = "aliases" if outcome.message.startswith("alias") else "model_id" if "model_id" in outcome.message else None
             raise AdminError(outcome.status_code, outcome.message, field)
         self.reconciler.ensure(spec.model_id)
         return outcome.record
+
+    async def check_names(self, spec: ModelSpec) -> None:
+        """409 naming the holder when ``spec``'s model_id is another model's alias or one of its aliases is
+        taken (``core/state/namespace.py``); the registry checks again as it records the spec."""
+        conflict = alias_conflict(spec, await self.registry.list_models.remote(),
+                                  await self.registry.list_adapters.remote())
+        if conflict:
+            raise AdminError(409, conflict, "aliases" if conflict.startswith("alias") else "model_id")
 
     async def respond(self, rec: ModelRecord, wait: bool, **extra: Any) -> JSONResponse:
         """A deploy's answer: 202 while it deploys, 200 once ready; with ``wait``, once it is ready or
@@ -319,7 +329,7 @@ def make_admin_app(cluster: Cluster, settings: HiveSettings, clock: Callable[[],
                                                            "until every replica is ready or failed.")):
         """Change a model's settings; the body is its whole spec, as POSTed (``control/admin/updates.py``).
         The same settings: 200, nothing done. Settings that take effect in place (sleep_timeout,
-        idle_timeout, priority, keep_resident, routing, min/max_replicas around what runs): 200, applied.
+        idle_timeout, priority, keep_resident, routing, aliases, min/max_replicas around what runs): 200, applied.
         Anything else needs new engines: 409 saying what to do, or with ``recreate=true`` the model is
         drained, deleted and deployed again with them (202). A failed or destroyed model is deployed
         again with the body. Every 2xx answer is the model's status plus ``changed`` (the fields whose

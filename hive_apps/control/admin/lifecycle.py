@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from pydantic import BaseModel
@@ -35,6 +35,7 @@ from hive_apps.core.lifecycle import (
     sleep_due,
     update_activity,
 )
+from hive_apps.core.planning.memory import sleep_residual_bytes
 from hive_apps.core.planning.types import DeviceCapacity, Plan
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.spec import ModelSpec
@@ -249,12 +250,19 @@ class Lifecycle(ControlPlane):
             return fits_in_place(in_place, devices)
         return await self.planner.plan.remote(spec, devices, None, as_asked, weights)
 
-    async def _held_by(self, model_ids: list[str]) -> dict[str, int]:
+    async def _held_by(self, model_ids: list[str], records: Sequence[ModelRecord] = ()) -> dict[str, int]:
+        """What putting these models to sleep gives back, per device: what they hold, less what an
+        engine that will sleep in place keeps there (``memory.sleep_residual_bytes`` of its replica;
+        ``records``: theirs, for the plans). Without its record a model counts as parking."""
+        plans = {r.model_id: {rp.index: rp for rp in r.plan.replicas} for r in records}
         freed: dict[str, int] = {}
         for model_id in model_ids:
             for r in await self.registry.reservations.remote(model_id):
+                rp = plans.get(model_id, {}).get(r.replica)
+                keeps = sleep_residual_bytes(rp) if rp is not None and rp.engine_kwargs.get("enable_sleep_mode") \
+                    and not r.in_place else 0
                 for dev in r.devices:
-                    freed[dev] = freed.get(dev, 0) + r.held_bytes
+                    freed[dev] = freed.get(dev, 0) + max(0, r.held_bytes - keeps)
         return freed
 
     async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False,
@@ -279,7 +287,7 @@ class Lifecycle(ControlPlane):
             return Room(plan=outcome.plan)
         weights = weights or outcome.weights
         draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
-        base = await self._held_by(draining)
+        base = await self._held_by(draining, records)
         if base and (await self._plan_with(spec, devices, base, as_asked, in_place, weights)).plan is not None:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
         resident = [r for r in records if r.status in SERVING and r.resident]
@@ -291,7 +299,7 @@ class Lifecycle(ControlPlane):
 
         async def fits(victims: list[str]) -> bool:
             freed = {**base}
-            for dev, nbytes in (await self._held_by(victims)).items():
+            for dev, nbytes in (await self._held_by(victims, records)).items():
                 freed[dev] = freed.get(dev, 0) + nbytes
             return (await self._plan_with(spec, devices, freed, as_asked, in_place, weights)).plan is not None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from ray import serve
@@ -35,13 +36,16 @@ def engine_class(engine: str) -> type:
     return VLLMEngine
 
 
-def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
+def replica_actor_options(rp: ReplicaPlan, model_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Pin to the node by its id label, and to physical GPUs by CUDA_VISIBLE_DEVICES (never num_gpus).
 
     The indices are NVML's, which count GPUs in PCI bus order; CUDA counts fastest first unless
     CUDA_DEVICE_ORDER=PCI_BUS_ID, so without it "1" can open another card on a mixed node. The
-    engine checks the UUIDs it opened (serving/engine/cuda_devices.py)."""
-    env: dict[str, str] = dict(ENGINE_ENV)
+    engine checks the UUIDs it opened (serving/engine/cuda_devices.py).
+
+    ``model_env``: the deploy's ``env`` (``core/engine_env.py`` refuses the names the hive sets), set
+    first so the hive's own variables win even over a record an older hive stored."""
+    env: dict[str, str] = {**(model_env or {}), **ENGINE_ENV}
     if rp.device_kind is DeviceKind.GPU:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in rp.device_indices)
@@ -53,12 +57,14 @@ def replica_actor_options(rp: ReplicaPlan) -> dict[str, Any]:
     }
 
 
-def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan, generation: int = 0) -> str:
-    """Stable while the replica's plan is; new when it moved, or was placed again after a failed
-    start (Serve 2.60 stops a rolling update after a failed start and keeps that version failed
-    until a different version is deployed)."""
+def replica_version(model_id: str, plan: Plan, rp: ReplicaPlan, generation: int = 0,
+                    model_env: dict[str, str] | None = None) -> str:
+    """Stable while the replica's plan and environment are; new when it moved, was placed again after a
+    failed start (Serve 2.60 stops a rolling update after a failed start and keeps that version failed
+    until a different version is deployed), or its ``env`` changed (a process's environment is fixed)."""
     weights = plan.weights.key if plan.weights is not None else plan.profile.path
-    key = f"{__version__}|{plan.engine}|{model_id}|{weights}|{rp.model_dump_json()}|{generation}"
+    env = json.dumps(model_env or {}, sort_keys=True)
+    key = f"{__version__}|{plan.engine}|{model_id}|{weights}|{rp.model_dump_json()}|{generation}|{env}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -74,8 +80,9 @@ def plan_summary(rp: ReplicaPlan) -> dict[str, Any]:
 
 
 def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None = None,
-                    generations: dict[int, int] | None = None):
-    """``generations``: replica index -> the plan generation it was (last) placed at."""
+                    generations: dict[int, int] | None = None, *, model_env: dict[str, str] | None = None):
+    """``generations``: replica index -> the plan generation it was (last) placed at; ``model_env``: the
+    deploy's ``env`` for every engine process."""
     cls = engine_class(plan.engine)
     engines = []
     for rp in plan.replicas:
@@ -87,13 +94,13 @@ def build_model_app(model_id: str, plan: Plan, max_queued_requests: int | None =
             health_check_period_s=HEALTH_CHECK_PERIOD_S,
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=5,
-            ray_actor_options=replica_actor_options(rp),
+            ray_actor_options=replica_actor_options(rp, model_env),
             user_config={"plan": plan_summary(rp)},
         )
         # A stable version per replica plan: redeploying the app (self-healing) replaces only the
         # replicas whose plan changed; Serve would otherwise restart every engine. Serve 2.60
         # removed the public `version` option but still honours the attribute.
-        dep._version = replica_version(model_id, plan, rp, (generations or {}).get(rp.index, 0))
+        dep._version = replica_version(model_id, plan, rp, (generations or {}).get(rp.index, 0), model_env)
         # the manifest, never a path: each engine finds the weights in its own node's cache
         engines.append(dep.bind(model_id, plan.weights or plan.profile.path, rp))
     router = router_deployment()

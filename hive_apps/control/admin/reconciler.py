@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hive_apps.control.admin.failures import failure_reason
@@ -227,8 +228,9 @@ class Reconciler(ControlPlane):
         (all of them: parked, the router alone)."""
         plan = rec.plan if not leave_out else rec.plan.model_copy(
             update={"replicas": [rp for rp in rec.plan.replicas if rp.index not in leave_out]})
+        build = partial(build_model_app, model_env=rec.spec.env)  # the deploy's env, for every engine
         await off_loop(self.cluster.run_model_app, rec.model_id, plan, rec.spec.max_queued_requests,
-                       rec.placed_at, build_model_app, timeout=SERVE_TIMEOUT_S)
+                       rec.placed_at, build, timeout=SERVE_TIMEOUT_S)
 
     async def _sleeping(self, rec: ModelRecord) -> float | None:
         """Drain, then sleep in place where the engines can (``doze``, their sleep, ``dozed``), or

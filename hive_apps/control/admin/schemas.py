@@ -39,6 +39,7 @@ class ModelStatusResponse(BaseModel):
     model: str
     engine: str
     routing: str = "prefix"  # the spec's routing: prefix | least_loaded
+    aliases: list[str] = []  # the spec's other names on /v1
     status: ModelStatus
     # the lifecycle as one typed value: phase (= status), residency, replicas, destroy (records.ModelState;
     # the flags below stay as they were); None only for a stored record whose flags make no state
@@ -83,6 +84,7 @@ class ModelStatusResponse(BaseModel):
             model=rec.spec.model,
             engine=rec.spec.engine.value,
             routing=rec.spec.routing.value,
+            aliases=list(rec.spec.aliases),
             status=rec.status,
             state=_state(rec),
             message=rec.message,

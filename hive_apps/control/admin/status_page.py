@@ -8,7 +8,7 @@ every few seconds. It draws every node and device with a memory bar and a sparkl
 hour, every model with its state (times relative, the absolute one on hover), load and requests
 over the last hour (requests/s, tokens/s in and out, running and waiting against planned capacity,
 p50 time to first token, wakes with their durations), and a detail view of one model's plan (why
-each replica is where it is). With the token it can sleep, wake and delete a model, deploy one after
+each replica is where it is) and its LoRA adapters with the replicas holding each (``/admin/adapters``). With the token it can sleep, wake and delete a model, deploy one after
 a dry-run preview of the same ``/admin/plan`` answer, and pre-fetch weights onto nodes
 (``POST /admin/weights``; ``GET /admin/weights`` lists each node's cache). Every value is drawn
 as text (``el`` appends strings as text nodes; nothing is ever parsed as HTML): a model id or
@@ -318,6 +318,8 @@ async function drawDetail() {
   let m;
   try { m = await get("/models/" + encodeURIComponent(selected)); } catch (e) { selected = ""; $("detail").replaceChildren(); return; }
   const w = m.last_wake, wakes = (hist && hist.wakes[m.model_id]) || [];
+  let adapters = [];  // its LoRA adapters, with the replicas whose engine holds each now
+  try { adapters = ((await get("/adapters")).adapters || []).filter((a) => a.base === m.model_id); } catch (e) { adapters = []; }
   const times = [el("span", {}, "deployed "), when(m.created_at)];
   if (m.ready_at) times.push(el("span", {}, m.deploy_seconds != null ? ` · took ${m.deploy_seconds.toFixed(1)} s` : ""));
   $("detail").replaceChildren(el("div", { "data-detail": m.model_id },
@@ -328,6 +330,9 @@ async function drawDetail() {
       (w.engine_start_s != null ? ` + engine ${w.engine_start_s.toFixed(1)} s` : "") + (w.warm_up_s != null ? ` + warm-up ${w.warm_up_s.toFixed(2)} s` : "") +
       (w.evicted.length ? ` · put to sleep for it: ${w.evicted.join(", ")}` : "")) : el("p", { class: "muted" }, "it has not slept and woken"),
     wakes.length > 1 ? el("p", {}, "wakes in the last hour and a half: " + wakes.map((x) => fix(x.total_s, 1) + " s").join(", ")) : el("span"),
+    adapters.length ? el("h4", {}, "LoRA adapters") : el("span"),
+    adapters.length ? el("ul", {}, ...adapters.map((a) => el("li", { "data-adapter": "" }, `${a.model_id} · rank ${a.rank} · ` +
+      ((a.loaded_on || []).length ? "loaded on " + a.loaded_on.join(", ") : "not loaded now")))) : el("span"),
     m.policy_warning ? el("p", { class: "rej" }, m.policy_warning) : el("span")));
 }
 // --- deploy: the form builds the JSON body; preview asks /admin/plan (reserves nothing) ----------

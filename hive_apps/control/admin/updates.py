@@ -3,7 +3,7 @@ hive's Serve config (``control/admin/declared.py``) both come here.
 
 * the same settings: nothing to do;
 * settings the lifecycle loop and the routers read from the record (``core/state/changes.py``:
-  sleep_timeout, idle_timeout, priority, keep_resident, routing, min/max_replicas within what runs):
+  sleep_timeout, idle_timeout, priority, keep_resident, routing, aliases, min/max_replicas within what runs):
   the registry's ``respec`` transition records them and they take effect at once;
 * anything else needs new engines. The hive cannot roll a model's replicas over to another plan one
   at a time (one record holds one spec and one plan; every engine of a model app loads that plan's
@@ -79,7 +79,9 @@ def without_model(devices: list[DeviceCapacity], rec: ModelRecord) -> list[Devic
 
 async def amend(admin: AdminService, rec: ModelRecord, spec: ModelSpec, origin: Origin, recreate: bool) -> Amended:
     """Give a deployed model (not deleting, not ended) the settings ``spec``, recorded as asked for by
-    ``origin``. Raises ``AdminError``: 409 for a change that needs new engines without ``recreate``."""
+    ``origin``. Raises ``AdminError``: 409 for a change that needs new engines without ``recreate``, or
+    for an alias another model or an adapter holds (checked before anything is deleted)."""
+    await admin.check_names(spec)
     for _ in range(RESPEC_ATTEMPTS):
         change = spec_change(rec, spec)
         if change.restart:
@@ -94,6 +96,9 @@ async def amend(admin: AdminService, rec: ModelRecord, spec: ModelSpec, origin: 
                                                                   spec=spec, origin=origin))
         if outcome.ok:  # the lifecycle loop and the routers follow the record: nothing else to do
             return Amended(Amendment.IN_PLACE if change.changed else Amendment.UNCHANGED, outcome.record, change)
+        taken = outcome.message.removeprefix("respec: ")
+        if taken.startswith(("alias ", "model_id ")):  # a name taken since check_names
+            raise AdminError(409, taken, "aliases" if taken.startswith("alias") else "model_id")
         if outcome.record is None or outcome.record.status in (ModelStatus.DELETING, ModelStatus.FAILED,
                                                                 ModelStatus.DESTROYED):
             raise AdminError(409, f"{rec.model_id!r} changed while its settings were being updated: "

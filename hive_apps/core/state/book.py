@@ -56,6 +56,7 @@ from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.changes import spec_change
 from hive_apps.core.state.ledger import DeviceState, Ledger, ReservationError
+from hive_apps.core.state.namespace import alias_conflict, holder_of
 from hive_apps.core.state.records import (
     DORMANT,
     ENDED,
@@ -234,6 +235,9 @@ class ModelBook:
         if record.model_id in self.adapters:
             raise TransitionError(f"model_id {record.model_id!r} is a LoRA adapter's name; DELETE "
                                   "/admin/adapters/{id} first or choose another model_id")
+        conflict = alias_conflict(record.spec, self.records.values(), self.adapters.values())
+        if conflict:
+            raise TransitionError(conflict)
         try:
             self.ledger.reserve(reservations)
         except ReservationError as e:
@@ -377,6 +381,9 @@ class ModelBook:
         model = self.records.get(name)
         if model is not None and model.status not in ENDED:
             raise TransitionError(f"create_adapter: {name!r} is a model's name; choose another model_id")
+        holder = holder_of(name, self.records.values(), ())
+        if holder is not None:
+            raise TransitionError(f"create_adapter: {name!r} is taken by {holder}; choose another model_id")
         rec = self.records.get(base)
         if rec is None or rec.status in ENDED:
             raise TransitionError(f"create_adapter: no model {base!r} to serve it; GET /admin/models lists them", 404)
@@ -622,6 +629,9 @@ class ModelBook:
         if restart:
             raise TransitionError(f"respec: {', '.join(restart)} of {model_id!r} cannot change in place: "
                                   + "; ".join(f"{f}: {why}" for f, why in restart.items()))
+        conflict = alias_conflict(spec, self.records.values(), self.adapters.values())
+        if conflict:
+            raise TransitionError(f"respec: {conflict}")
         rec.spec, rec.origin = spec, origin
         return self._commit(rec)
 

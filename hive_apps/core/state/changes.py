@@ -19,7 +19,7 @@ from hive_apps.core.state.records import ModelRecord
 
 # fields read from the record while the model runs: a change takes effect in place
 LIVE_FIELDS = frozenset({"sleep_timeout", "idle_timeout", "priority", "keep_resident", "routing",
-                         "min_replicas", "max_replicas"})
+                         "min_replicas", "max_replicas", "aliases"})
 
 # why each other field needs new engines
 _RESTART_WHY = {
@@ -34,6 +34,7 @@ _RESTART_WHY = {
     "allocation": "how the replicas were placed",
     "max_queued_requests": "the queue bound is fixed when the model's router builds its replica set",
     "lora": "vLLM's LoRA slots (enable_lora, max_loras, max_lora_rank, max_cpu_loras) are engine arguments",
+    "env": "the environment of the engine processes, fixed when they start",
 }
 
 

@@ -133,7 +133,10 @@ class Ledger:
         return reserved, foreign, max(0, int(self.budget_fraction * total) - reserved - foreign)
 
     def replicas_on(self, dev_id: str) -> list[str]:
-        return sorted(r.key for r in self.reservations.values() if dev_id in r.devices)
+        """The replicas running here; one asleep in place is listed with the sleepers (``dormant``),
+        though its residual stays booked in ``reserved_bytes``."""
+        return sorted(r.key for r in self.reservations.values()
+                      if dev_id in r.devices and r.state is not ReservationState.ASLEEP)
 
     def used_on(self, dev: Device) -> int:
         """Measured use; a simulated GPU holds exactly what its sim engines allocated, right now

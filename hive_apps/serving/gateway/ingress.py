@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from hive_apps.control.cluster import Cluster
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.settings import HiveSettings
-from hive_apps.core.state.records import LISTED, SERVING, AdapterRecord, ModelRecord
+from hive_apps.core.state.records import ENDED, LISTED, SERVING, AdapterRecord, ModelRecord
 from hive_apps.ops.metrics import Publisher
 from hive_apps.serving import request_ids
 from hive_apps.serving.engine.protocol import ForwardedRequest
@@ -28,15 +28,18 @@ from hive_apps.serving.routing.follow import (
     ModelReplicas,
     NewModelLookup,
     adapter_object,
+    alias_object,
+    aliases_of,
     follow_registry,
     listed_adapters,
     mark_adapter,
     model_object,
+    model_objects,
     registry_adapter,
     registry_record,
 )
 from hive_apps.serving.routing.hold import WakeHold, gone_message, wake_asker
-from hive_apps.serving.routing.http import BodyFields
+from hive_apps.serving.routing.http import BodyFields, serve_as
 from hive_apps.serving.routing.paths import SERVED, engine_route, is_models_list, model_object_id
 from hive_apps.serving.routing.pipeline import OpenAIEntry, asgi
 
@@ -58,6 +61,7 @@ class GatewayApp(OpenAIEntry):
                              publisher=publisher)
         self._new_models = NewModelLookup(lambda model_id: registry_record(model_id, cluster))
         self._adapters: dict[str, AdapterRecord] = {}  # LoRA adapters, served by their bases' replicas
+        self._aliases: dict[str, str] = {}  # alias -> model_id
         self._new_adapters: NewModelLookup[AdapterRecord] = NewModelLookup(
             lambda name: registry_adapter(name, cluster), usable=lambda a: True)
         self._seen = asyncio.Event()
@@ -77,6 +81,7 @@ class GatewayApp(OpenAIEntry):
 
     def _on_models(self, records: list[ModelRecord]) -> None:
         self._records = {r.model_id: r for r in records}
+        self._aliases = aliases_of({r.model_id: r for r in records if r.status not in ENDED})
         self._replicas.keep_only({r.model_id for r in records if r.status in SERVING})
         self.hold.on_models(self._records)
         self._seen.set()
@@ -91,18 +96,18 @@ class GatewayApp(OpenAIEntry):
         if is_models_list(request.method, path):
             models = await self.listed_models()
             adapters = listed_adapters(self._adapters, models)
-            return JSONResponse({"object": "list", "data": [model_object(r) for r in models.values()]
+            return JSONResponse({"object": "list", "data": [o for r in models.values() for o in model_objects(r)]
                                  + [adapter_object(a, models[a.base]) for a in adapters.values()]})
         wanted = model_object_id(request.method, path)
         if wanted is not None:
             models = await self.listed_models()
-            rec = models.get(wanted)
+            rec = models.get(self._aliases.get(wanted, wanted))
             adapter = listed_adapters(self._adapters, models).get(wanted)
             if adapter is not None:
                 return JSONResponse(adapter_object(adapter, models[adapter.base]))
             if rec is None:
                 return openai_error(404, f"The model `{wanted}` does not exist or is not ready.", "model")
-            return JSONResponse(model_object(rec))
+            return JSONResponse(model_object(rec) if wanted == rec.model_id else alias_object(wanted, rec))
         if engine_route(request.method, path) is None:
             return openai_error(404, f"no OpenAI route {request.method} {path}; the hive serves {SERVED}")
         return None
@@ -110,18 +115,21 @@ class GatewayApp(OpenAIEntry):
     async def route(self, request: Request, req: ForwardedRequest, fields: BodyFields) -> ModelRecord | Response:
         assert fields.model is not None  # requires_model
         models = await self.listed_models()
-        rec = models.get(fields.model)
+        model_id = self._aliases.get(fields.model, fields.model)  # an alias is served as its model
+        rec = models.get(model_id)
         if rec is None:
-            adapter = self._adapters.get(fields.model) or await self._new_adapters.find(fields.model)
+            adapter = self._adapters.get(model_id) or await self._new_adapters.find(model_id)
             if adapter is not None:  # a LoRA adapter: its base's replicas serve it, the name kept
                 return await self._adapter_base(request, req, adapter, models)
-            rec = await self._new_models.find(fields.model)
+            rec = await self._new_models.find(model_id)
         if rec is None:
-            gone = gone_message(self._records.get(fields.model), fields.model, request_ids.of_headers(req.headers))
+            gone = gone_message(self._records.get(model_id), model_id, request_ids.of_headers(req.headers))
             known = ", ".join(models) or "none yet"
             return openai_error(404, gone or f"The model `{fields.model}` does not exist or is not ready (models: {known}).",
                                 "model")
-        request.state.model = fields.model
+        if model_id != fields.model:
+            await serve_as(req, fields, model_id)
+        request.state.model = model_id
         return rec
 
     async def _adapter_base(self, request: Request, req: ForwardedRequest, adapter: AdapterRecord,

@@ -50,6 +50,22 @@ def model_object(rec: ModelRecord) -> dict:
             "max_model_len": rec.plan.replicas[0].settings.max_model_len if rec.plan.replicas else None}
 
 
+def alias_object(alias: str, rec: ModelRecord) -> dict:
+    """One of a model's aliases as ``GET /v1/models`` lists it: an entry of its own, as vLLM lists each of
+    several served names, with the model's id as its ``root``."""
+    return {**model_object(rec), "id": alias, "root": rec.model_id}
+
+
+def model_objects(rec: ModelRecord) -> list[dict]:
+    """A model and each of its aliases, as ``GET /v1/models`` lists them."""
+    return [model_object(rec), *(alias_object(a, rec) for a in rec.spec.aliases)]
+
+
+def aliases_of(records: dict[str, ModelRecord]) -> dict[str, str]:
+    """Alias -> model_id over ``records`` (the registry keeps each name to one model, core/state/namespace.py)."""
+    return {alias: rec.model_id for rec in records.values() for alias in rec.spec.aliases}
+
+
 def adapter_object(adapter: AdapterRecord, base: ModelRecord) -> dict:
     """A LoRA adapter as ``GET /v1/models`` lists it: its base is its ``parent`` (as vLLM lists its own)."""
     return {**model_object(base), "id": adapter.model_id, "created": int(adapter.created_at),

@@ -154,6 +154,79 @@ def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[
     return found
 
 
+def form_field_span(content_type: str, body: bytes, wanted: str) -> tuple[int, int] | None:
+    """Where the value of the text field ``wanted`` lies in a multipart body, as ``body[start:end]``;
+    None when the form has no such field or its value did not come in one piece of ``body``."""
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
+    if not boundary:
+        return None
+    part: dict[str, Any] = {}
+    spans: list[tuple[int, int] | None] = []  # of the wanted part's data pieces (None: not from ``body``)
+    found: list[list[tuple[int, int] | None]] = []
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        part["field"] = part.get("field", b"") + data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        part["value"] = part.get("value", b"") + data[start:end]
+
+    def on_header_end() -> None:
+        if part.pop("field", b"").lower() == b"content-disposition":
+            part["disposition"] = part.get("value", b"")
+        part.pop("value", None)
+
+    def on_headers_finished() -> None:
+        _, options = parse_options_header(part.pop("disposition", b""))
+        part["keep"] = options.get(b"name", b"").decode("latin-1") == wanted and b"filename" not in options
+        spans.clear()
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if part.get("keep"):
+            spans.append((start, end) if data is body else None)
+
+    def on_part_end() -> None:
+        if part.get("keep"):
+            found.append(list(spans))
+        part.clear()
+
+    parser = MultipartParser(boundary, {
+        "on_header_field": on_header_field, "on_header_value": on_header_value, "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished, "on_part_data": on_part_data, "on_part_end": on_part_end})
+    try:
+        parser.write(body)
+        parser.finalize()
+    except (MultipartParseError, ValueError):
+        return None
+    if len(found) != 1 or not found[0] or None in found[0]:
+        return None
+    pieces = [s for s in found[0] if s is not None]
+    if any(a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
+        return None
+    return pieces[0][0], pieces[-1][1]
+
+
+def _named(req: ForwardedRequest, fields: BodyFields, model_id: str) -> None:
+    if fields.body is not None:
+        fields.body["model"] = model_id  # the split of a request into several reads this dict again
+        req.body = json.dumps(fields.body).encode()
+        return
+    content_type = next((v for k, v in req.headers if k.lower() == "content-type"), "")
+    if content_type.lower().startswith("multipart/form-data"):
+        span = form_field_span(content_type, req.body, "model")
+        if span is not None:
+            req.body = req.body[:span[0]] + model_id.encode() + req.body[span[1]:]
+
+
+async def serve_as(req: ForwardedRequest, fields: BodyFields, model_id: str) -> None:
+    """Name ``model_id`` in a request that named one of its aliases (a JSON body or a multipart form;
+    a GET names no model to an engine): the engines know the model by its id only. Their answers name
+    the id, as vLLM's do for a model served under several names (it answers with the first)."""
+    if len(req.body) > PARSE_OFF_LOOP_BYTES:
+        await asyncio.to_thread(_named, req, fields, model_id)
+    else:
+        _named(req, fields, model_id)
+
+
 async def request_problem(path: str, req: ForwardedRequest, fields: BodyFields,
                           media_hosts: list[str]) -> tuple[str, str] | None:
     """What the hive answers with a 400 before any engine sees the request: ``(message, param)``."""

@@ -28,12 +28,13 @@ from hive_apps.serving.routing.follow import (
     FIRST_VIEW_TIMEOUT_S,
     ModelReplicas,
     NewModelLookup,
+    alias_object,
     follow_registry,
     mark_adapter,
     model_object,
 )
 from hive_apps.serving.routing.hold import WakeHold
-from hive_apps.serving.routing.http import BodyFields, respond
+from hive_apps.serving.routing.http import BodyFields, respond, serve_as
 from hive_apps.serving.routing.paths import engine_route, is_models_list, model_object_id
 from hive_apps.serving.routing.pipeline import OpenAIEntry
 from hive_apps.serving.routing.replica_set import ReplicaSet
@@ -118,9 +119,9 @@ class Router(OpenAIEntry):
         wanted = model_object_id(request.method, path)
         if wanted is not None:
             rec = await self._current()  # a deploy that just answered ready: its record may not be here yet
-            if wanted != self.model_id or rec is None or rec.status not in LISTED:
+            if rec is None or rec.status not in LISTED or wanted not in (self.model_id, *rec.spec.aliases):
                 return openai_error(404, f"The model `{wanted}` does not exist here; this route serves `{self.model_id}`.", "model")
-            return JSONResponse(model_object(rec))
+            return JSONResponse(model_object(rec) if wanted == self.model_id else alias_object(wanted, rec))
         if not is_models_list(request.method, path) and engine_route(request.method, path) is None:
             return openai_error(404, f"no OpenAI route {request.method} {path} under /{self.model_id}")
         return None
@@ -134,6 +135,8 @@ class Router(OpenAIEntry):
             if self.replicas is None:
                 return openai_error(503, f"model '{self.model_id}' is starting; retry shortly", headers={"retry-after": "1"})
             return await respond(self.replicas, req, fields)
+        if fields.model in rec.spec.aliases:  # the engines know the model by its id only
+            await serve_as(req, fields, self.model_id)
         return rec
 
 

@@ -44,3 +44,44 @@ async def test_each_engine_deployment_carries_its_plan_for_the_dashboard():
     await e.__init__("m", "", rp, use_start_lock=False)
     e.reconfigure({"plan": summary})  # what Serve does with the deployment's user_config
     assert e.info()["plan"] == summary
+
+
+def test_a_deploys_env_reaches_its_engines_and_the_hives_own_variables_win():
+    from hive_apps.control.admin.model_app import ENGINE_ENV
+    from hive_apps.core.engine_env import denied_reason
+
+    rp = replica_plan().model_copy(update={"device_kind": DeviceKind.GPU, "device_indices": [3], "node_id": "abc"})
+    # what an older hive might have stored: the pin and a blanked secret are the hive's whatever the record says
+    env = replica_actor_options(rp, {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "leak"})
+    env = env["runtime_env"]["env_vars"]
+    assert (env["NCCL_DEBUG"], env["CUDA_VISIBLE_DEVICES"], env["HF_TOKEN"]) == ("INFO", "3", "")
+    # and a deploy may set none of the variables the hive sets
+    assert [n for n in [*ENGINE_ENV, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"] if denied_reason(n) is None] == []
+
+
+def test_a_change_of_env_is_a_new_version_of_every_replica():
+    from hive_apps.control.admin.model_app import replica_version
+    from tests.unit.core.test_planning_placement import plan
+    from tests.unit.planning_fixtures import gpu
+
+    p = plan("Qwen__Qwen3-0.6B", [gpu("L4", "a", 0)], replicas=1)
+    r0 = p.replicas[0]
+    assert replica_version("m", p, r0, 0, {}) == replica_version("m", p, r0, 0, None) == replica_version("m", p, r0)
+    info = replica_version("m", p, r0, 0, {"NCCL_DEBUG": "INFO"})
+    assert info != replica_version("m", p, r0) and info != replica_version("m", p, r0, 0, {"NCCL_DEBUG": "WARN"})
+    assert replica_version("m", p, r0, 0, {"A": "1", "B": "2"}) == replica_version("m", p, r0, 0, {"B": "2", "A": "1"})
+
+
+def test_the_built_app_gives_every_engine_the_deploys_env():
+    from hive_apps.control.admin.model_app import build_model_app, replica_version
+    from tests.unit.core.test_planning_placement import plan
+    from tests.unit.planning_fixtures import gpu
+
+    p = plan("Qwen__Qwen3-0.6B", [gpu("L4", "a", 0), gpu("L4", "a", 1)], replicas=2)
+    app = build_model_app("m", p, model_env={"NCCL_DEBUG": "INFO"})
+    engines = app._bound_deployment.init_args[1]
+    assert len(engines) == 2
+    for rp, engine in zip(p.replicas, engines):
+        dep = engine._bound_deployment
+        assert dep.ray_actor_options["runtime_env"]["env_vars"]["NCCL_DEBUG"] == "INFO"
+        assert dep._version == replica_version("m", p, rp, 0, {"NCCL_DEBUG": "INFO"})

@@ -35,7 +35,8 @@ def client() -> httpx.AsyncClient:
         return JSONResponse({})
 
     routes = [Route("/", page, methods=["GET"])] + [Route(p, data, methods=["GET", "POST", "DELETE"]) for p in (
-        "/gpus", "/nodes", "/models", "/models/x", "/load", "/history", "/models/x/sleep", "/models/x/wake", "/weights")]
+        "/gpus", "/nodes", "/models", "/models/x", "/load", "/history", "/models/x/sleep", "/models/x/wake", "/weights",
+        "/adapters")]
     guarded = AdminGuard(Starlette(routes=routes), settings=lambda: SETTINGS)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded, root_path="/admin"), base_url="http://h")
 
@@ -141,6 +142,9 @@ def hostile_data(now: float) -> dict:
                               "error": HOSTILE, "weights_disk": None}]},
         "/gpus": {"devices": [device]}, "/models": {"models": [model]}, "/load": {"models": {}},
         "/models/" + quote(HOSTILE, safe="()!'*"): model,  # as encodeURIComponent writes it
+        "/adapters": {"adapters": [{"model_id": HOSTILE, "base": HOSTILE, "rank": 8, "loaded_on": ["r0", HOSTILE]},
+                                   {"model_id": "cold", "base": HOSTILE, "rank": 16, "loaded_on": []},
+                                   {"model_id": "elsewhere", "base": "other-base", "rank": 8, "loaded_on": ["r0"]}]},
         "/history": {"now": now, "since": now - 7200, "restarts": [now - 600], "minute_s": 60, "keep_s": 5400,
                      "models": {HOSTILE: [bad, point, {**point, "t": now, "generation_tokens_per_s": 7.5, "ttft_p50_s": None}]},
                      "devices": {HOSTILE: [{"t": now, "total_bytes": 2**34, "reserved_bytes": 2**30, "used_bytes": 2**30,
@@ -193,6 +197,7 @@ def test_a_hostile_model_id_and_message_are_drawn_as_text():
                      .flatMap((n) => Object.entries(n.attrs).filter(([k]) => k !== "data-chart").map(([, v]) => v)),
         labels: Object.fromEntries(["data-tokens", "data-ttft", "data-wakes"].map((k) => [k, all.filter((n) => n.attrs && n.attrs[k] !== undefined).map((n) => n.textContent)])),
         cache: walk(document.getElementById("w-cache"), []).filter((n) => n.text !== undefined).map((n) => n.text),
+        adapters: all.filter((n) => n.attrs && n.attrs["data-adapter"] !== undefined).map((n) => n.textContent),
       }));""", now)
     assert found["sinks"] == [], "nothing is ever handed to an HTML parser"
     assert not {"img", "script"} & set(found["tags"]), found["tags"]
@@ -217,6 +222,8 @@ def test_a_hostile_model_id_and_message_are_drawn_as_text():
     assert sorted(found["marks"]) == sorted(["woke in 10.0 s (parked)", f"woke in – s ({HOSTILE})"]), found["marks"]
     # the weight caches: each node's entries, a node's error, all as text
     assert HOSTILE in found["cache"] and any("(partial) · in use" in t for t in found["cache"])
+    # its LoRA adapters (only its own), with where each is loaded now, as text
+    assert found["adapters"] == [f"{HOSTILE} · rank 8 · loaded on r0, {HOSTILE}", "cold · rank 16 · not loaded now"]
 
 
 def test_prefetch_from_the_page_sends_the_form_and_shows_the_apis_answer_or_refusal():

@@ -13,7 +13,7 @@ from hive_apps.control.admin.lifecycle import Lifecycle
 from hive_apps.control.admin.reconciler import Reconciler
 from hive_apps.control.cluster import set_cluster
 from hive_apps.core.lifecycle import Candidate, choose_victims, eviction_order, idle_since, sleep_due, update_activity
-from hive_apps.core.planning.memory import CUDA_CONTEXT_BYTES, MIB
+from hive_apps.core.planning.memory import CUDA_CONTEXT_BYTES, MIB, sleep_residual_bytes
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state import transitions as t
 from hive_apps.core.state.records import ModelStatus, ReservationState, SleepMode
@@ -580,3 +580,18 @@ def test_a_held_stream_that_ends_in_an_error_types_it_as_the_json_answer_would()
     assert events[1] == "data: [DONE]"
     assert _message(b'{"error": {"message": "bad request", "type": "BadRequestError"}}') == "bad request"
     assert _message(b"Internal Server Error") == "Internal Server Error"
+
+
+async def test_an_eviction_counts_only_what_a_victim_that_sleeps_in_place_gives_back(life):
+    """A vLLM engine started with sleep mode keeps its residual on the GPU when evicted: making room
+    counts its reservation less that, so one eviction round frees what it promised (issue #24)."""
+    rec = await ready(life, "a", sleep_timeout=600, **BIG)
+    rp = rec.plan.replicas[0]
+    (dev,) = rp.devices
+    held = life.reserved("a")["a/r0"].held_bytes
+    assert await life.lifecycle._held_by(["a"], [rec]) == {dev: held}  # the sim engine's plan: it parks
+    sleeping = rp.model_copy(update={"engine_kwargs": {**rp.engine_kwargs, "enable_sleep_mode": True}})
+    vllm = rec.model_copy(update={"plan": rec.plan.model_copy(update={"replicas": [sleeping]})})
+    keeps = sleep_residual_bytes(sleeping)
+    assert 0 < keeps < held and await life.lifecycle._held_by(["a"], [vllm]) == {dev: held - keeps}
+    assert await life.lifecycle._held_by(["a"]) == {dev: held}  # without its record: counted as parking

@@ -92,3 +92,32 @@ def test_an_adapters_revision_key_changes_with_a_new_deploy():
     a, b = adapter_record("a1"), adapter_record("a1")
     b.version = a.version + 1  # the book's version at each create
     assert a.revision_key != b.revision_key and a.weights.key in a.revision_key
+
+
+
+async def respec(h: Hive, model_id: str, **update):
+    rec = await h.registry.get_model(model_id)
+    return await h.registry.transition(t.Respec(model_id=model_id, version=rec.version, origin=rec.origin,
+                                                spec=rec.spec.model_copy(update=update)))
+
+
+async def test_the_registry_keeps_aliases_in_the_namespace_whoever_asks(hive):
+    """The admin checks names first; the registry checks again at each transition that adds one, so two
+    admins (or a declared model and a POST) cannot both take a name."""
+    from hive_apps.core.state.records import ModelRecord, Reservation
+
+    assert (await respec(hive, "plain", aliases=["chat"])).ok  # in place
+    assert (await create(hive, "a1")).ok
+    taken = await create(hive, "chat")
+    assert taken.status_code == 409 and "'chat' is taken by model 'plain' (an alias of it)" in taken.message
+    for alias, holder in (("chat", "model 'plain' (an alias of it)"), ("a1", "LoRA adapter 'a1' (on 'base')"),
+                          ("plain", "model 'plain'")):
+        out = await respec(hive, "base", aliases=[alias])
+        assert out.status_code == 409 and f"alias {alias!r} is taken by {holder}" in out.message, out.message
+    rec = await hive.registry.get_model("plain")
+    spec = rec.spec.model_copy(update={"model_id": "chat", "aliases": []})
+    out = await hive.registry.transition(t.Create(model_id="chat", record=ModelRecord(
+        model_id="chat", spec=spec, plan=rec.plan), reservations=[Reservation.for_replica("chat", rp)
+                                                                   for rp in rec.plan.replicas]))
+    assert out.status_code == 409 and "model_id 'chat' is an alias of model 'plain'" in out.message
+    assert (await hive.registry.get_model("base")).spec.aliases == []

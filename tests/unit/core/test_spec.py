@@ -113,3 +113,61 @@ def test_model_folders_stay_under_the_operators_root(monkeypatch, tmp_path):
     assert len(set(messages)) == 1 and "HIVE_MODEL_ROOT" in messages[0]  # the same, existing or not
     with pytest.raises(ValidationError, match="'..'"):
         spec("org/../../etc")
+
+
+def test_aliases_are_other_free_slugs():
+    assert spec().aliases == [] and spec().env == {}
+    assert spec(aliases=["chat", "gpt-4o"]).aliases == ["chat", "gpt-4o"]
+    for aliases, words in ((["m1"], "lists the model_id 'm1'"), (["a", "a"], "same alias twice"),
+                           (["Chat"], "alias 'Chat': must be a lowercase slug"), (["x\n"], "lowercase slug"),
+                           (["v1"], "'v1' is reserved"), (["hive-gw"], "reserved"),
+                           ([f"a{i}" for i in range(17)], "lists 17 aliases; at most 16")):
+        with pytest.raises(ValidationError, match=words):
+            spec(aliases=aliases)
+    assert len(spec(aliases=[f"a{i}" for i in range(16)]).aliases) == 16
+
+
+def test_env_names_and_values_are_checked_and_the_deny_list_binds_without_a_policy():
+    from hive_apps.core.engine_env import MAX_VALUE_CHARS
+
+    assert spec(env={"ANY_NAME": "x"}).env == {"ANY_NAME": "x"}  # without a policy the allow-list is the operator's
+    for env, words in (({"CUDA_VISIBLE_DEVICES": "1"}, "CUDA_VISIBLE_DEVICES is refused: the hive pins"),
+                       ({"cuda_visible_devices": "1"}, "refused"), ({"LD_PRELOAD": "/x.so"}, "native libraries"),
+                       ({"PYTHONPATH": "/x"}, "LD_|PYTHON|Python code"), ({"HIVE_API_KEYS": ""}, "hive's own"),
+                       ({"RAY_ADDRESS": "x"}, "Ray's own"), ({"HF_TOKEN": "x"}, "Hugging Face"),
+                       ({"AWS_PROFILE": "x"}, "S3 credentials"), ({"VLLM_PLUGINS": "x"}, "plugins"),
+                       ({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}, "unpickle"),
+                       ({"1BAD": "x"}, "not a variable name"), ({"A=B": "x"}, "not a variable name"),
+                       ({"NCCL_DEBUG": "a\0b"}, "without NUL"), ({"NCCL_DEBUG": "x" * (MAX_VALUE_CHARS + 1)}, "at most 4096"),
+                       ({f"V{i}": "1" for i in range(65)}, "sets 65 variables; at most 64")):
+        with pytest.raises(ValidationError, match=words):
+            spec(env=env)
+    with pytest.raises(ValidationError, match="valid string"):
+        spec(env={"NCCL_DEBUG": 1})
+
+
+def test_env_under_the_operators_allow_list():
+    from hive_apps.core.settings import HiveSettings
+
+    body = {"model_id": "m1", "model": "/models/x"}
+    ok = ModelSpec.under_policy({**body, "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "NCCL_P2P_DISABLE": "1"}},
+                                HiveSettings())
+    assert ok.env == {"VLLM_USE_V2_MODEL_RUNNER": "1", "NCCL_P2P_DISABLE": "1"}
+    with pytest.raises(ValidationError, match="HIVE_ENGINE_ENV_ALLOW=MY_KNOB"):
+        ModelSpec.under_policy({**body, "env": {"MY_KNOB": "1"}}, HiveSettings())
+    widened = HiveSettings(engine_env_allow=["MY_*", "OTHER"])
+    assert ModelSpec.under_policy({**body, "env": {"MY_KNOB": "1", "OTHER": "2"}}, widened).env["OTHER"] == "2"
+    with pytest.raises(ValidationError, match="OTHER_X is not among"):
+        ModelSpec.under_policy({**body, "env": {"OTHER_X": "1"}}, widened)
+    with pytest.raises(ValidationError, match="HF_HOME is refused"):  # the deny-list wins over any pattern
+        ModelSpec.under_policy({**body, "env": {"HF_HOME": "/tmp"}}, HiveSettings(engine_env_allow=["*"]))
+
+
+def test_the_env_allow_setting_takes_names_and_prefix_patterns(monkeypatch):
+    from hive_apps.core.settings import HiveSettings, SettingsError
+
+    monkeypatch.setenv("HIVE_ENGINE_ENV_ALLOW", "MY_KNOB, NCCL_*")
+    assert HiveSettings.from_env().engine_env_allow == ["MY_KNOB", "NCCL_*"]
+    monkeypatch.setenv("HIVE_ENGINE_ENV_ALLOW", "A*B,ok")
+    with pytest.raises(SettingsError, match="HIVE_ENGINE_ENV_ALLOW.*A\\*B"):
+        HiveSettings.from_env()

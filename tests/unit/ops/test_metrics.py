@@ -157,12 +157,19 @@ def test_the_dashboard_is_well_formed():
     dash = json.loads(DASHBOARD.read_text())
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
     for p in dash["panels"]:
-        assert {"x", "y", "w", "h"} <= set(p["gridPos"]) and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+        g = p["gridPos"]
+        assert {"x", "y", "w", "h"} <= set(g) and g["x"] + g["w"] <= 24
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"panel {p['id']} overlaps another"
+        cells |= mine
         if p["type"] != "row":
             assert p["targets"] and all(t["expr"].count("(") == t["expr"].count(")") for t in p["targets"])
+            assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
     variables = {v["name"] for v in dash["templating"]["list"]}
-    used = {m for e in dashboard_exprs() for m in re.findall(r"\$(\w+)", e)} - {"__rate_interval", "__all"}
+    # "$1" in label_replace is a regex group, not a variable
+    used = {m for e in dashboard_exprs() for m in re.findall(r"\$([A-Za-z_]\w*)", e)} - {"__rate_interval", "__all"}
     assert used <= variables
 
 

@@ -84,6 +84,38 @@ def test_the_dashboard_draws_vllm_ttft_and_kv_usage_with_names_vllm_exports():
     assert any("histogram_quantile(0.95" in e and "by (le, model_name)" in e for e in ttft), ttft
 
 
+def test_the_dashboard_draws_vllm_latency_prefix_cache_and_queue_per_model():
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+
+    def quantiles(metric: str) -> set[str]:
+        return {q for e in exprs if f"{metric}_bucket" in e and "by (le, model_name)" in e
+                for q in re.findall(r"histogram_quantile\((0\.\d+)", e)}
+
+    assert {"0.5", "0.95"} <= quantiles("ray_vllm_inter_token_latency_seconds")
+    assert "0.95" in quantiles("ray_vllm_e2e_request_latency_seconds")
+    assert "0.95" in quantiles("ray_vllm_request_queue_time_seconds")
+    # hit rate: hits over queries (vLLM counts both in prompt tokens), per model
+    assert any(re.search(r"sum by \(model_name\) \(rate\(ray_vllm_prefix_cache_hits_total\{.*\}\[\$__rate_interval\]\)\)"
+                         r"\s*/\s*sum by \(model_name\) \(rate\(ray_vllm_prefix_cache_queries_total", e) for e in exprs)
+    for state in ("running", "waiting"):
+        assert any(f"sum by (model_name) (ray_vllm_num_requests_{state}" in e for e in exprs), state
+    joined = []
+    for p in panels:
+        for t in p.get("targets", []):
+            e = t["expr"]
+            if "ray_vllm_" in e:  # the hive's $model picker filters vLLM's model_name (same values: the model id)
+                assert 'model_name=~"$model"' in e, e
+        mixed = [t["expr"] for t in p.get("targets", [])]
+        if any("ray_hive_" in e for e in mixed) and any("ray_vllm_" in e for e in mixed):
+            # a panel beside the hive's series names the model as the hive does: label "model"
+            for e in mixed:
+                assert "ray_hive_" in e or ('label_replace(' in e and '"model", "$1", "model_name", "(.*)")' in e), e
+            assert all("{{model}}" in t["legendFormat"] for t in p["targets"]), p["title"]
+            joined.append(p["title"])
+    assert joined, "no panel draws vLLM's queue beside the hive's held requests"
+
+
 def test_the_docs_name_what_vllm_exports():
     text = (ROOT / "docs" / "observability.md").read_text()
     named = set(re.findall(r"\bray_vllm_[a-z0-9_]+", text))

@@ -325,3 +325,46 @@ def test_cors_origins_are_origins():
     for bad in ("app.example.com", "https://app.example.com/chat", "ftp://x"):
         with pytest.raises((ValueError, SettingsError)):
             HiveSettings(cors_origins=bad)
+
+
+# --- aliases -----------------------------------------------------------------------------------------
+async def test_an_alias_reaches_its_model_on_both_entries_and_is_listed(both):
+    """An alias is another name of the model on /v1 and /<model_id>/v1: listed as an entry of its own
+    (its model as ``root``), served by the model's engines under the model's id, which the answer names
+    (as vLLM names its first served name); it comes and goes with the record, engines untouched."""
+    from hive_apps.core.state import transitions as t
+
+    h, clients = both
+    gateway_client, _ = clients["/v1"]
+    router_client, _ = clients["/m"]
+    rec = await h.registry.get_model("m")
+    aliased = rec.spec.model_copy(update={"aliases": ["chat"]})
+    assert (await h.registry.transition(t.Respec(model_id="m", version=rec.version, spec=aliased,
+                                                 origin=rec.origin))).ok
+    await asyncio.sleep(0.05)  # the long-polls bring the record
+
+    listed = (await gateway_client.get("/v1/models", headers=AUTH)).json()["data"]
+    assert [(m["id"], m.get("root")) for m in listed] == [("m", None), ("chat", "m")]
+    one = (await gateway_client.get("/v1/models/chat", headers=AUTH)).json()
+    assert (one["id"], one["root"], one["object"]) == ("chat", "m", "model")
+    one = (await router_client.get("/m/v1/models/chat", headers=AUTH)).json()
+    assert (one["id"], one["root"]) == ("chat", "m")
+
+    r = await chat(gateway_client, "chat")
+    assert r.status_code == 200 and r.json()["model"] == "m", r.text  # the sim, as vLLM, knows only its id
+    r = await router_client.post("/m/v1/chat/completions", headers=AUTH,
+                                 json={"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["model"] == "m", r.text
+    async with gateway_client.stream("POST", "/v1/completions", headers=AUTH,
+                                     json={"model": "chat", "prompt": "hi", "max_tokens": 2, "stream": True}) as s:
+        assert s.status_code == 200
+        text = "".join([chunk async for chunk in s.aiter_text()])
+    assert '"model": "m"' in text and text.rstrip().endswith("data: [DONE]")
+
+    rec = await h.registry.get_model("m")
+    assert (await h.registry.transition(t.Respec(model_id="m", version=rec.version,
+                                                 spec=rec.spec.model_copy(update={"aliases": []}), origin=rec.origin))).ok
+    await asyncio.sleep(0.05)
+    assert "(models: m)" in openai_shaped(await chat(gateway_client, "chat"), 404, "model")["message"]
+    openai_shaped(await router_client.get("/m/v1/models/chat", headers=AUTH), 404, "model")
+    assert [m["id"] for m in (await gateway_client.get("/v1/models", headers=AUTH)).json()["data"]] == ["m"]

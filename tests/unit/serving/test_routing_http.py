@@ -214,3 +214,29 @@ async def test_every_503_the_hive_makes_says_when_to_retry():
     assert start.status == 503 and dict(start.headers)["retry-after"] == "1"
     rs.close()
     await asyncio.sleep(0)
+
+
+async def test_an_alias_is_rewritten_to_the_model_id_in_json_bodies_and_forms():
+    """``serve_as``: the engines know a model by its id only, so a request that named an alias names
+    the id when it goes on, in a JSON body (and the parsed dict a split reads) or in a multipart form;
+    every other byte of a form stays as it was."""
+    import httpx
+
+    body = {"model": "chat", "messages": [{"role": "user", "content": "é \"model\": \"chat\""}]}
+    req = ForwardedRequest(path="/v1/chat/completions", headers=[("content-type", "application/json")],
+                           body=json.dumps(body).encode())
+    fields = http.body_fields(req)
+    await http.serve_as(req, fields, "qwen3")
+    assert json.loads(req.body) == {**body, "model": "qwen3"} and fields.body["model"] == "qwen3"
+
+    form = httpx.Request("POST", "http://x/v1/audio/transcriptions", data={"language": "en", "model": "chat"},
+                         files={"file": ("a.wav", b"RIFF model chat", "audio/wav")})
+    content_type, sent = form.headers["content-type"], form.read()
+    req = ForwardedRequest(path="/v1/audio/transcriptions", headers=[("content-type", content_type)], body=sent)
+    fields = http.body_fields(req)
+    assert fields.model == "chat" and fields.body is None
+    await http.serve_as(req, fields, "qwen3")
+    assert http.form_fields(content_type, req.body, frozenset({"model", "language"})) == {"model": "qwen3",
+                                                                                           "language": "en"}
+    assert req.body == sent.replace(b"\r\n\r\nchat\r\n", b"\r\n\r\nqwen3\r\n")
+    assert http.form_field_span(content_type, sent, "stream") is None  # no such field: nothing to rewrite
