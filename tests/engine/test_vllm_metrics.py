@@ -7,6 +7,7 @@ agent exports what it got: the test polls with a deadline, as tests/cluster/test
 """
 
 import re
+import threading
 import time
 
 import pytest
@@ -47,19 +48,35 @@ def test_vllms_own_metrics_reach_rays_metrics_agent_labelled_with_the_model(hive
     def total(text: str, name: str, **labels: str) -> float:
         return sum(values(text, name, **labels))
 
-    # counts include the engine's warm-up and earlier tests' requests: ours are a lower bound
+    # counts include the engine's warm-up and earlier tests' requests: ours are a lower bound. The
+    # scheduler's gauges are exported only while vLLM records steps, so a little traffic goes on
+    # while the agent is polled.
+    gauges = ("ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting", "ray_vllm_kv_cache_usage_perc")
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            hive.api.post("/v1/chat/completions", json=body)
+            stop.wait(0.5)
+
+    background = threading.Thread(target=traffic, daemon=True)
+    background.start()
     deadline = time.monotonic() + 60
-    while True:
-        text = scrape_metrics(hive)
-        ttft = total(text, "ray_vllm_time_to_first_token_seconds_count", model_name="tiny")
-        prompt = total(text, "ray_vllm_prompt_tokens_total", model_name="tiny")
-        hive_in = total(text, "ray_hive_tokens_total", model="tiny", direction="in")
-        generated = total(text, "ray_vllm_generation_tokens_total", model_name="tiny")
-        # every series is exported on its own schedule: wait for the slowest one we check below
-        if (ttft >= REQUESTS and prompt > 0 and hive_in > 0 and generated >= REQUESTS * MAX_TOKENS) \
-                or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    try:
+        while True:
+            text = scrape_metrics(hive)
+            ttft = total(text, "ray_vllm_time_to_first_token_seconds_count", model_name="tiny")
+            prompt = total(text, "ray_vllm_prompt_tokens_total", model_name="tiny")
+            hive_in = total(text, "ray_hive_tokens_total", model="tiny", direction="in")
+            generated = total(text, "ray_vllm_generation_tokens_total", model_name="tiny")
+            # every series is exported on its own schedule: wait for the slowest one we check below
+            if (ttft >= REQUESTS and prompt > 0 and hive_in > 0 and generated >= REQUESTS * MAX_TOKENS
+                    and all(values(text, g, model_name="tiny") for g in gauges)) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+    finally:
+        stop.set()
+        background.join(timeout=30)
     vllm_names = sorted({m["name"] for m in map(SAMPLE.match, text.splitlines()) if m and m["name"].startswith("ray_vllm_")})
     assert ttft >= REQUESTS, ("vLLM's TTFT histogram did not reach Ray's metrics agent", vllm_names)
     assert prompt > 0, ("vLLM's prompt token counter did not reach Ray's metrics agent", vllm_names)
@@ -73,6 +90,6 @@ def test_vllms_own_metrics_reach_rays_metrics_agent_labelled_with_the_model(hive
     assert total(text, "ray_vllm_e2e_request_latency_seconds_count", model_name="tiny") >= REQUESTS
     assert total(text, "ray_vllm_inter_token_latency_seconds_count", model_name="tiny") >= REQUESTS  # a decode step each
     assert total(text, "ray_vllm_generation_tokens_total", model_name="tiny") >= REQUESTS * MAX_TOKENS
-    for gauge in ("ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting", "ray_vllm_kv_cache_usage_perc"):
+    for gauge in gauges:
         assert values(text, gauge, model_name="tiny"), f"{gauge} not exported"
     assert PROMPT not in text, "a prompt must never become a label"
