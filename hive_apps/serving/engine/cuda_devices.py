@@ -94,11 +94,10 @@ def opened_gpus(indices: Sequence[int], opened: Sequence[CudaDevice]) -> list[st
     """The UUIDs of the GPUs the engine's ranks opened (``opened``, rank order), once they are the
     planned ``indices`` in order; ``WrongDevices`` otherwise."""
     planned = planned_gpus(indices)
-    table = opened
-    problem = device_mismatch(planned, table)
+    problem = device_mismatch(planned, opened)
     if problem:
         env = ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"))
         raise WrongDevices(f"this replica opened other GPUs than planned: {problem} (its environment: {env}); "
                            "something on the node overrides the pin: the engine does not start on a card the "
                            "registry booked for something else")
-    return [nvml_uuid(d.uuid) for d in table]
+    return [nvml_uuid(d.uuid) for d in opened]

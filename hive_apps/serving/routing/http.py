@@ -103,18 +103,23 @@ MAX_FORM_FIELD_BYTES = 1024
 """A wanted form field longer than this is not read (a model id or a boolean is a few bytes)."""
 
 
-def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[str, str]:
-    """The ``wanted`` text fields of a multipart form, read in place from the body already held for
-    forwarding: file parts (the audio) are skipped, never copied. ``{}`` for a malformed form."""
+Span = tuple[int, int]
+
+
+def _text_parts(content_type: str, body: bytes, wanted: frozenset[str]) -> list[tuple[str, str, Span | None]] | None:
+    """Each ``wanted`` text part of a multipart form, in order: its name, its value, and where that
+    value lies in ``body`` (None when it did not come in one piece of it). Read in place from the body
+    already held for forwarding: file parts (the audio) are skipped, never copied. None for a
+    malformed form."""
     boundary = parse_options_header(content_type)[1].get(b"boundary")
     if not boundary:
-        return {}
-    found: dict[str, str] = {}
+        return None
+    found: list[tuple[str, str, Span | None]] = []
     part: dict[str, Any] = {}
 
     def on_part_begin() -> None:
         part.clear()
-        part.update(headers={}, field=b"", value=b"", data=bytearray(), keep=False)
+        part.update(headers={}, field=b"", value=b"", data=bytearray(), spans=[], keep=False)
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         if len(part["field"]) < MAX_FORM_FIELD_BYTES:
@@ -136,11 +141,12 @@ def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[
     def on_part_data(data: bytes, start: int, end: int) -> None:
         if part["keep"]:
             part["data"] += data[start:end]
+            part["spans"].append((start, end) if data is body else None)
             part["keep"] = len(part["data"]) <= MAX_FORM_FIELD_BYTES
 
     def on_part_end() -> None:
         if part["keep"]:
-            found[part["name"]] = part["data"].decode("utf-8", "replace").strip()
+            found.append((part["name"], part["data"].decode("utf-8", "replace").strip(), _joined(part["spans"])))
 
     parser = MultipartParser(boundary, {
         "on_part_begin": on_part_begin, "on_header_field": on_header_field, "on_header_value": on_header_value,
@@ -150,59 +156,30 @@ def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[
         parser.write(body)
         parser.finalize()
     except (MultipartParseError, ValueError):
-        return {}
+        return None
     return found
 
 
-def form_field_span(content_type: str, body: bytes, wanted: str) -> tuple[int, int] | None:
+def _joined(pieces: list[Span | None]) -> Span | None:
+    """One span for a value that came in these pieces of the body, if they are all of it and adjacent."""
+    if not pieces or any(p is None for p in pieces):
+        return None
+    spans = [p for p in pieces if p is not None]
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    return spans[0][0], spans[-1][1]
+
+
+def form_fields(content_type: str, body: bytes, wanted: frozenset[str]) -> dict[str, str]:
+    """The ``wanted`` text fields of a multipart form (the last of a repeated one); ``{}`` for a malformed form."""
+    return {name: value for name, value, _ in _text_parts(content_type, body, wanted) or []}
+
+
+def form_field_span(content_type: str, body: bytes, wanted: str) -> Span | None:
     """Where the value of the text field ``wanted`` lies in a multipart body, as ``body[start:end]``;
-    None when the form has no such field or its value did not come in one piece of ``body``."""
-    boundary = parse_options_header(content_type)[1].get(b"boundary")
-    if not boundary:
-        return None
-    part: dict[str, Any] = {}
-    spans: list[tuple[int, int] | None] = []  # of the wanted part's data pieces (None: not from ``body``)
-    found: list[list[tuple[int, int] | None]] = []
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        part["field"] = part.get("field", b"") + data[start:end]
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        part["value"] = part.get("value", b"") + data[start:end]
-
-    def on_header_end() -> None:
-        if part.pop("field", b"").lower() == b"content-disposition":
-            part["disposition"] = part.get("value", b"")
-        part.pop("value", None)
-
-    def on_headers_finished() -> None:
-        _, options = parse_options_header(part.pop("disposition", b""))
-        part["keep"] = options.get(b"name", b"").decode("latin-1") == wanted and b"filename" not in options
-        spans.clear()
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        if part.get("keep"):
-            spans.append((start, end) if data is body else None)
-
-    def on_part_end() -> None:
-        if part.get("keep"):
-            found.append(list(spans))
-        part.clear()
-
-    parser = MultipartParser(boundary, {
-        "on_header_field": on_header_field, "on_header_value": on_header_value, "on_header_end": on_header_end,
-        "on_headers_finished": on_headers_finished, "on_part_data": on_part_data, "on_part_end": on_part_end})
-    try:
-        parser.write(body)
-        parser.finalize()
-    except (MultipartParseError, ValueError):
-        return None
-    if len(found) != 1 or not found[0] or None in found[0]:
-        return None
-    pieces = [s for s in found[0] if s is not None]
-    if any(a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
-        return None
-    return pieces[0][0], pieces[-1][1]
+    None when the form has no such field, has it twice, or its value did not come in one piece of ``body``."""
+    parts = _text_parts(content_type, body, frozenset({wanted})) or []
+    return parts[0][2] if len(parts) == 1 else None
 
 
 def _named(req: ForwardedRequest, fields: BodyFields, model_id: str) -> None:
