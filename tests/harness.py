@@ -40,6 +40,7 @@ class Hive:
     cluster: object
     config: dict
     dashboard_url: str
+    edge_url: str = ""  # the edge (HIVE_EDGE_PORT): HAProxy carrying /v1 and /<id>/v1 straight to engines
     admin: httpx.Client = field(init=False)
     api: httpx.Client = field(init=False)
 
@@ -93,6 +94,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
         "RAY_metrics_report_interval_ms": "2000",  # Ray's default 10 s would make the metrics test wait
         **SERVE_ENV,  # Serve's settings as every hive runs them (hive_apps/ops/serve_env.py)
         "HIVE_WEIGHTS_CACHE": tempfile.mkdtemp(prefix="hive-weights-"),  # never the user's own cache
+        "HIVE_EDGE_PORT": str(free_port()),
         **(env or {}),
     })
     dashboard_port, http_port = free_port(), free_port()
@@ -112,7 +114,7 @@ def start_hive(nodes: list[dict], head_labels: dict[str, str] | None = None, env
     config = yaml.safe_load((ROOT / "serve_configs" / "hive.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": http_port}
     hive = Hive(url=f"http://127.0.0.1:{http_port}", cluster=cluster, config=config,
-                dashboard_url=f"http://127.0.0.1:{dashboard_port}")
+                dashboard_url=f"http://127.0.0.1:{dashboard_port}", edge_url=f"http://127.0.0.1:{os.environ['HIVE_EDGE_PORT']}")
     deadline = time.time() + 60
     while True:  # the dashboard's REST API answers a few seconds after the head is up
         try:

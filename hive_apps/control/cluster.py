@@ -95,6 +95,7 @@ class Cluster(Protocol):
     # --- handles (cached) ---
     def app_handle(self, name: str) -> Any: ...
     def engine_handle(self, model_id: str, index: int) -> Any: ...
+    def serve_ingress(self) -> str: ...  # host:port of Serve's HTTP ingress for this node (blocking)
     # --- nodes ---
     def nodes(self) -> list[NodeInfo]: ...
     def sample_nodes(self, nodes: list[NodeInfo]) -> dict[str, NodeSample | Exception]: ...
@@ -206,6 +207,17 @@ class RayCluster:
         from ray import serve
 
         return serve.get_deployment_handle(names.engine_deployment(index), app_name=names.model_app(model_id))
+
+    def serve_ingress(self) -> str:
+        """This node's Serve proxy when it runs one, else the head's (``proxy_location: HeadOnly``)."""
+        import ray
+        from ray.serve.context import _get_global_client
+
+        controller = _get_global_client()._controller
+        port = ray.get(controller.get_http_config.remote()).port
+        here = ray.get(controller.get_proxy_details.remote(ray.get_runtime_context().get_node_id()))
+        host = ray.util.get_node_ip_address() if here is not None else ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]
+        return f"{host}:{port}"
 
     # --- nodes ------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:

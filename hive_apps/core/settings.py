@@ -58,6 +58,9 @@ class HiveSettings(BaseSettings):
     engine_port_range: Annotated[tuple[int, int] | None, NoDecode] = Field(
         None, description="e.g. 20000-20999: engine replicas listen on the first free port of this range "
                           "(for NetworkPolicies and firewalls); unset = any free port.")
+    edge_port: int | None = Field(None, ge=1, le=65535, description=(
+        "Port of the edge on each gateway replica's node: an HAProxy that sends /v1 and /<model_id>/v1 requests "
+        "straight to the engine replica the gateway chooses, and the rest to Serve's ingress; unset = no edge."))
     default_demand_seqs: int = Field(0, ge=0, le=1024, description=(
         "Sequences per replica a deploy without max_concurrency is sized for, packed onto a shared card; "
         "0 = throughput-first: the most the free memory holds (a lone model is not grown back yet)."))

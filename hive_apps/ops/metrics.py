@@ -95,6 +95,8 @@ DEFS: dict[str, MetricDef] = {d.name: d for d in [
     # --- requests (gateway and routers) ---
     MetricDef("hive_requests", "counter", "Requests answered, by model, entry (gateway or router) and HTTP status code",
               ("model", "entry", "code")),
+    MetricDef("hive_edge_routed", "counter", "Requests the edge sent straight to an engine replica, by model and why "
+              "that replica (prefix, adapter, least-loaded); their answers bypass the gateway", ("model", "route")),
     MetricDef("hive_retries", "counter", "Attempts sent to another replica after one failed before answering",
               ("model",)),
     MetricDef("hive_failovers", "counter", "Requests answered by another replica after the first one failed",

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from hive_apps.core.settings import get_settings
-from hive_apps.ops.serve_env import HA_PROXY, ray_head_env
+from hive_apps.ops.serve_env import EDGE_PORT, HA_PROXY, ray_head_env
 
 CONFIG = Path(__file__).resolve().parents[2] / "serve_configs" / "hive.yaml"
 STOP = "ray stop && pkill -f 'haproxy -db -f /tmp/haproxy-serve/'"
@@ -112,6 +112,18 @@ def wait_for(url: str, headers: dict[str, str], timeout: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
 
 
+def edge_answers(url: str, api_key: str) -> bool:
+    """Whether the edge (HIVE_EDGE_PORT) runs there: a gateway replica started it a moment after its own start."""
+    for _ in range(10):
+        try:
+            if httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a Hub repo (org/name[@revision]), s3://bucket/prefix or a folder "
@@ -178,6 +190,9 @@ def main() -> int:
     print(f"\nThe hive is running. Admin token: {admin_token}  API key: {api_key}")
     print(f"  curl -H 'Authorization: Bearer {admin_token}' {args.url}/admin/gpus")
     print(f"  OpenAI base_url={args.url}/v1   dashboard: http://127.0.0.1:8265   stop: {STOP}")
+    edge = ray_head_env(dict(os.environ)).get(EDGE_PORT)
+    if edge and edge_answers(f"http://127.0.0.1:{edge}", api_key):
+        print(f"  fastest: base_url=http://127.0.0.1:{edge}/v1 (the edge: answers stream from the engines' own ports)")
     print("  Never expose Ray's own ports (6379, 8265, 10001, ...): they give full control of the cluster. "
           "On a shared network start Ray with RAY_AUTH_MODE=token (README: Trust model).")
     return 0

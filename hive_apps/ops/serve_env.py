@@ -45,6 +45,8 @@ SERVE_ENV: dict[str, str] = {
 }
 
 HA_PROXY = "RAY_SERVE_ENABLE_HA_PROXY"
+EDGE_PORT = "HIVE_EDGE_PORT"
+DEFAULT_EDGE_PORT = "8100"
 
 
 def haproxy_available() -> bool:
@@ -58,9 +60,12 @@ def ray_head_env(env: dict[str, str]) -> dict[str, str]:
 
     Serve's Python proxy costs each request about as much CPU as the engine itself on a small
     machine; with HAProxy in front the hive serves 2x the requests per second (benchmarks/RESULTS_serving.md,
-    "Serving path against plain vLLM"). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy.
+    "Serving path against plain vLLM"). ``RAY_SERVE_ENABLE_HA_PROXY=0`` keeps the Python proxy. The
+    same binary runs the hive's edge on port 8100 (``HIVE_EDGE_PORT``, hive_apps/serving/edge), from
+    where OpenAI requests go straight to the engine replicas.
     """
     out = {**SERVE_ENV, **env}
-    if HA_PROXY not in out and haproxy_available():
-        out[HA_PROXY] = "1"
+    if haproxy_available():
+        out.setdefault(HA_PROXY, "1")
+        out.setdefault(EDGE_PORT, DEFAULT_EDGE_PORT)
     return out

@@ -12,19 +12,22 @@ import time
 import httpx
 import pytest
 
-from hive_apps.serving.engine.http_server import TOKEN_HEADER
+from hive_apps.serving.edge.config import EDGE_HEADER
+from hive_apps.serving.engine.http_server import LOAD_PATH, TOKEN_HEADER
 from tests.harness import API_KEY
 
 pytestmark = pytest.mark.engine
 
 
-def streamed_tokens(url: str, headers: dict) -> tuple[list[int], str]:
-    """Token ids and text of one streamed greedy chat, read from vLLM's SSE chunks."""
+def streamed_tokens(url: str, headers: dict, via_edge: bool = False) -> tuple[list[int], str]:
+    """Token ids and text of one streamed greedy chat, read from vLLM's SSE chunks. ``via_edge``: the
+    answer must have come through the edge's HAProxy from the engine, not through the Serve path."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Count the bees in the hive."}],
             "max_tokens": 16, "temperature": 0, "stream": True, "return_token_ids": True}
     ids, text, done = [], "", False
     with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as r:
         assert r.status_code == 200, r.read()
+        assert (r.headers.get(EDGE_HEADER) == "1") == via_edge, r.headers
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
@@ -39,27 +42,48 @@ def streamed_tokens(url: str, headers: dict) -> tuple[list[int], str]:
     return ids, text
 
 
-def test_v1_stream_gives_the_engines_own_tokens(hive, tiny):
+def engine_port():
     from ray import serve
 
     endpoint = serve.get_deployment_handle("engine-r0", app_name="tiny").endpoint.remote().result(timeout_s=30)
     assert endpoint is not None, "the engine replica has no HTTP port (HIVE_ENGINE_HTTP=0?)"
+    return endpoint
+
+
+def test_every_route_streams_the_engines_own_tokens(hive, tiny):
+    """Serve's ingress (``/v1`` through the gateway, ``/tiny/v1`` through the router) and the edge
+    (both routes, bytes straight from the engine's port) all give the engine's own answer."""
+    endpoint = engine_port()
     direct_ids, direct_text = streamed_tokens(f"{endpoint.url}/v1/chat/completions", {TOKEN_HEADER: endpoint.token})
-    via_ids, via_text = streamed_tokens(f"{hive.url}/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"})
     assert len(direct_ids) == 16
-    assert via_ids == direct_ids
-    assert via_text == direct_text
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    for base, via_edge in ((hive.url, False), (hive.edge_url, True)):
+        for route in ("/v1/chat/completions", "/tiny/v1/chat/completions"):
+            assert streamed_tokens(base + route, key, via_edge) == (direct_ids, direct_text), (base, route)
 
 
-def test_the_engines_counters_reach_the_admin(hive, tiny):
-    """vLLM's own stats (tokens, time to first token) reach the load the admin's history reads."""
-    streamed_tokens(f"{hive.url}/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"})
-    deadline, load = time.monotonic() + 30, {}
-    while time.monotonic() < deadline:
-        load = hive.admin.get("/load").json()["models"].get("tiny", {}).get("r0", {})
-        if load.get("generation_tokens_total", 0) >= 16:
-            break
-        time.sleep(1)
-    assert load["generation_tokens_total"] >= 16 and load["prompt_tokens_total"] > 0, load
-    ttft = load["ttft"]
-    assert ttft["count"] >= 1 and ttft["sum_s"] > 0 and 1 <= ttft["buckets"][-1] <= ttft["count"], ttft
+@pytest.mark.parametrize("route", ["serve /v1", "edge /v1", "edge /tiny/v1"])
+def test_a_client_that_leaves_mid_stream_frees_the_engines_slot(hive, tiny, route):
+    """The engine stops generating for a client that went away: its running count goes back to 0
+    long before the 128 tokens the request asked for are made."""
+    endpoint = engine_port()
+
+    def load() -> dict:
+        return httpx.get(endpoint.url + LOAD_PATH, headers={TOKEN_HEADER: endpoint.token}).json()
+
+    before = load()["generation_tokens_total"]
+    base = hive.url if route.startswith("serve") else hive.edge_url
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hum."}], "max_tokens": 128,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", base + route.split(" ")[1] + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as r:
+        assert r.status_code == 200
+        assert (r.headers.get(EDGE_HEADER) == "1") == route.startswith("edge")
+        next(r.iter_lines())  # the first chunk: the engine is generating; then the client leaves
+    deadline = time.monotonic() + 15
+    while (now := load())["running"] or now["waiting"]:
+        assert time.monotonic() < deadline, f"the engine still runs the abandoned request: {now}"
+        time.sleep(0.1)
+    time.sleep(1.0)  # the stat logger's last counts
+    made = load()["generation_tokens_total"] - before
+    assert made < 64, f"{made} tokens made for a client that left after the first chunk"

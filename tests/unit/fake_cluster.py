@@ -128,6 +128,7 @@ class FakeCluster:
         self.kv: dict[tuple[str, str], bytes] = {}
         self.dies_at: str | None = None  # the registry "dies" at the first KV write of a key with this prefix
         self.died = False  # ... and every write after it is lost, until a test clears both
+        self.serve_addr = "127.0.0.1:8000"  # Serve's ingress, as the edge is told it
         self.writes_left: int | None = None  # or it dies once this many more KV writes landed
         # the planner's node's weight cache: metadata only (a test may point it elsewhere)
         self.planner_cache = Path(tempfile.mkdtemp(prefix="fake-cluster-planner-"))
@@ -192,6 +193,9 @@ class FakeCluster:
         rp = next(rp for rp in self.apps[model_id].plan.replicas if rp.index == index)
         return LocalHandle(FakeEngine(rp.devices, start_s=1.5 + index, load=lambda: self.loads.get(model_id, EngineLoad()),
                                       sleep=self.sleepy.get((model_id, index)), loaded=self.loaded.get((model_id, index))))
+
+    def serve_ingress(self) -> str:
+        return self.serve_addr
 
     # --- nodes --------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:

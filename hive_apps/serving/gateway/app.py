@@ -5,9 +5,14 @@ logic. Two replicas by default (``args: {replicas: N}`` in serve_configs/hive.ya
 request path has no single point of failure: behind Serve's HAProxy ingress a request the killed
 one closed unanswered is retried on the other (hive_apps/ops/serve_env.py). Each keeps its own load
 view, rebuilt from the registry after a restart, and its part of each model's hold bound.
+With ``HIVE_EDGE_PORT`` set, each replica also runs the edge on its node (``serving/edge``): an
+HAProxy that asks it where a request goes and carries the bytes to that engine replica itself.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
@@ -17,9 +22,13 @@ from starlette.responses import Response
 from hive_apps.control.cluster import get_cluster
 from hive_apps.core import names
 from hive_apps.core.auth import warn_if_open
-from hive_apps.core.settings import get_settings
+from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.ops.metrics import Publisher
+from hive_apps.serving.edge.config import EdgeConfig
+from hive_apps.serving.edge.service import Edge, start_edge
 from hive_apps.serving.gateway.ingress import make_gateway_app
+
+log = logging.getLogger("ray.serve")
 
 REPLICAS = 2
 
@@ -37,6 +46,20 @@ class Gateway:
         settings = get_settings()
         warn_if_open(settings, names.GATEWAY_APP)
         self.app = make_gateway_app(get_cluster(), settings, replicas=replicas, publisher=Publisher())
+        self.edge: Edge | None = None
+        if settings.edge_port is not None:
+            asyncio.get_event_loop().create_task(self._start_edge(settings))
+
+    async def _start_edge(self, settings: HiveSettings) -> None:
+        """HAProxy on HIVE_EDGE_PORT, deciding here; without it the Serve path still serves everything."""
+        assert settings.edge_port is not None
+        try:
+            serve_addr = await asyncio.to_thread(get_cluster().serve_ingress)
+            cfg = EdgeConfig(port=settings.edge_port, serve_addr=serve_addr, lua_path="",
+                             read_timeout_s=settings.engine_read_timeout_s)
+            self.edge = await start_edge(cfg, self.app.edge_choice)
+        except Exception as e:  # EdgeUnavailable, or Serve not answering where its ingress is
+            log.error("no edge on port %d (HIVE_EDGE_PORT): %s", settings.edge_port, e)
 
     async def __call__(self, request: Request) -> Response:
         return await self.app.answer(request)

@@ -12,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hive_apps.control.cluster import Cluster
+from hive_apps.core import names
+from hive_apps.core.auth import check_api_key
 from hive_apps.core.openai_errors import openai_error
 from hive_apps.core.settings import HiveSettings
 from hive_apps.core.state.records import ENDED, LISTED, SERVING, AdapterRecord, ModelRecord
 from hive_apps.ops.metrics import Publisher
 from hive_apps.serving import request_ids
+from hive_apps.serving.edge import config as edge
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.routing.follow import (
     FIRST_VIEW_TIMEOUT_S,
@@ -39,8 +43,8 @@ from hive_apps.serving.routing.follow import (
     registry_record,
 )
 from hive_apps.serving.routing.hold import WakeHold, gone_message, wake_asker
-from hive_apps.serving.routing.http import BodyFields, serve_as
-from hive_apps.serving.routing.paths import SERVED, engine_route, is_models_list, model_object_id
+from hive_apps.serving.routing.http import BodyFields, body_fields, request_problem, serve_as
+from hive_apps.serving.routing.paths import SERVED, engine_route, is_models_list, model_object_id, split_model_route
 from hive_apps.serving.routing.pipeline import OpenAIEntry, asgi
 
 
@@ -131,6 +135,41 @@ class GatewayApp(OpenAIEntry):
             await serve_as(req, fields, model_id)
         request.state.model = model_id
         return rec
+
+    async def edge_choice(self, request: Request) -> Response:
+        """For the edge (``serving/edge``): 200 naming the engine replica a request goes to, with the
+        path vLLM serves it on, or 204 when the Serve path should answer it: a bad key, a body to
+        refuse, an alias or adapter, a model not serving now (held while it wakes), a split, a 429.
+        Those answers and their counts stay the Serve path's, so they are written once."""
+        decline = Response(status_code=204)
+        if check_api_key(self.settings, request.headers.get("authorization")) is not None:
+            return decline
+        if self.settings.cors_origins and "origin" in request.headers:  # CORS headers are the pipeline's
+            return decline
+        model_id, path = split_model_route(request.headers.get(edge.FORWARDED_PATH_HEADER, ""))
+        route = engine_route("POST", path)
+        if route is None:
+            return decline
+        raw = await request.body()
+        req = ForwardedRequest(path=route, headers=[("content-type", request.headers.get("content-type", ""))], body=raw)
+        fields = body_fields(req)
+        name = model_id or fields.model
+        if fields.body is None or name is None or fields.model not in (None, name):
+            return decline
+        if await request_problem(route, req, fields, self.settings.media_hosts) is not None:
+            return decline
+        rec = self._records.get(name)
+        if rec is None or rec.status not in SERVING:
+            return decline
+        picked = self.replicas_of(rec).pick(route, raw, fields.body)
+        if picked is None:
+            return decline
+        view, why, endpoint = picked
+        url = urlsplit(endpoint.url)
+        self.publisher.count("hive_edge_routed", model=name, route=why)
+        return Response(status_code=200, headers={
+            edge.DST_HEADER: url.hostname or "", edge.PORT_HEADER: str(url.port), edge.TOKEN_HEADER: endpoint.token,
+            edge.PATH_HEADER: route, edge.REPLICA_HEADER: names.replica_label(view.index), edge.ROUTE_HEADER: why})
 
     async def _adapter_base(self, request: Request, req: ForwardedRequest, adapter: AdapterRecord,
                             models: dict[str, ModelRecord]) -> ModelRecord | Response:

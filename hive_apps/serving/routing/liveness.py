@@ -88,11 +88,13 @@ class LoadPoll(ABC):
     async def _refresh(self: Self) -> None:
         """Ask every replica for its load now."""
         indices = list(self.views)
+        asked_at = time.monotonic()
         results = await asyncio.gather(*(self._poll_one(i) for i in indices), return_exceptions=True)
         for i, res in zip(indices, results):
             view = self.views[i]
             if isinstance(res, EngineLoad):
                 view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+                view.edge_sent = [t for t in view.edge_sent if t > asked_at]  # the engine counted the rest
                 view.adapters = frozenset(res.adapters)
                 self.loads[i] = res
             else:

@@ -45,6 +45,14 @@ SERVED = ("POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/respo
 """What the hive serves on /v1, for the 404 of any other route."""
 
 
+def split_model_route(path: str) -> tuple[str | None, str]:
+    """``/<model_id>/v1/...`` -> (model_id, ``/v1/...``); ``/v1/...`` -> (None, itself); else (None, "")."""
+    if path.startswith("/v1/"):
+        return None, path
+    head, _, rest = path.removeprefix("/").partition("/")
+    return (head, "/" + rest) if head and rest.startswith("v1/") and not _UNSAFE.search(path) else (None, "")
+
+
 def engine_route(method: str, path: str) -> str | None:
     """The vLLM route ``method path`` is forwarded to, or None when it may not reach an engine."""
     if _UNSAFE.search(path):

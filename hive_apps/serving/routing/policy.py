@@ -2,6 +2,8 @@
 
 load     = requests this router has in flight to the replica
            + the engine's own running and waiting requests not already counted
+           + requests it sent through the edge since the last load poll began (their answers
+             bypass the router, so the engine's counts are the only end it sees of them)
 capacity = the replica's planned max_num_seqs
 score    = the larger of load / capacity and queued prompt tokens / max_num_batched_tokens
            (prompts this router sent that have not started answering: a few huge prompts
@@ -32,6 +34,7 @@ class ReplicaView(BaseModel):
     queued_tokens: int = 0  # prompt tokens sent by this router and not yet answering
     token_budget: int = 8192  # planned max_num_batched_tokens
     adapters: frozenset[str] = frozenset()  # LoRA adapters its engine reported loaded
+    edge_sent: list[float] = []  # monotonic times of requests sent through the edge, until a poll counts them
 
     @classmethod
     def of_plan(cls, rp: ReplicaPlan) -> ReplicaView:
@@ -42,7 +45,7 @@ class ReplicaView(BaseModel):
     @property
     def load(self) -> int:
         # The engine's counts include this router's requests once they reach it.
-        return max(self.in_flight, self.engine_running + self.engine_waiting)
+        return max(self.in_flight, self.engine_running + self.engine_waiting) + len(self.edge_sent)
 
     @property
     def pressure(self) -> float:

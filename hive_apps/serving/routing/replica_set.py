@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -220,6 +221,22 @@ class ReplicaSet(LoadPoll):
                 view.in_flight -= 1
                 view.queued_tokens -= tokens
         return self._unavailable(last_error)
+
+    def pick(self, path: str, raw: bytes, body: dict[str, Any] | None) -> tuple[ReplicaView, str, EngineEndpoint] | None:
+        """The replica the edge sends a request to itself (``serving/edge``), why, and its port; None when
+        the request is better answered here: every replica busy (a 429), none live or its port not
+        known yet (a failover or a Serve call), or many sequences to split. The pick is counted on the
+        replica until the engine's own counts include it (``ReplicaView.edge_sent``)."""
+        self._touch()
+        if queue_full(self.replica_views(), self.queue_bound) or self._plan_split(path, body) is not None:
+            return None
+        view, route, _ = self.prefixes.choose(self.replica_views(), self._prefix_keys(body, None),
+                                              prompt_tokens_estimate(raw))
+        endpoint = self.endpoints.get(view.index) if view is not None else None
+        if view is None or endpoint is None:
+            return None
+        view.edge_sent.append(time.monotonic())
+        return view, route, endpoint
 
     async def stream(self, req: ForwardedRequest, body: dict[str, Any] | None = None) -> AsyncIterator[ResponseStart | bytes]:
         """A streaming request: retried elsewhere only if the replica fails before its first item.

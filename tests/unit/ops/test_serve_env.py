@@ -21,10 +21,11 @@ def test_the_head_gets_the_settings_and_haproxy_but_what_the_user_set_wins(monke
     assert env["PATH"] == "/bin" and env["RAY_SERVE_LOG_TO_STDERR"] == "1"
     assert env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert env["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
-    assert env[HA_PROXY] == "1"
+    assert env[HA_PROXY] == "1" and env["HIVE_EDGE_PORT"] == "8100"  # the edge runs on the same binary
     assert ray_head_env({HA_PROXY: "0"})[HA_PROXY] == "0"
+    assert ray_head_env({"HIVE_EDGE_PORT": "9000"})["HIVE_EDGE_PORT"] == "9000"
     monkeypatch.setattr(serve_env, "haproxy_available", lambda: False)
-    assert HA_PROXY not in ray_head_env({})
+    assert HA_PROXY not in ray_head_env({}) and "HIVE_EDGE_PORT" not in ray_head_env({})
 
 
 # Renders Ray's own HAProxy config (ray.serve._private.haproxy, as Serve's HAProxyManager does) in a

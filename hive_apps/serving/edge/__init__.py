@@ -1,0 +1,1 @@
+"""The hive's edge: an HAProxy next to each gateway replica that carries OpenAI bytes straight to engines."""
