@@ -214,10 +214,11 @@ class RayCluster:
         from ray.serve.context import _get_global_client
 
         controller = _get_global_client()._controller
-        port = ray.get(controller.get_http_config.remote()).port
+        http = ray.get(controller.get_http_config.remote())
         here = ray.get(controller.get_proxy_details.remote(ray.get_runtime_context().get_node_id()))
-        host = ray.util.get_node_ip_address() if here is not None else ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]
-        return f"{host}:{port}"
+        node = ray.util.get_node_ip_address() if here is not None else ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]
+        host = node if http.host in ("0.0.0.0", "::", "") else http.host  # a wildcard: the node's own address
+        return f"{host}:{http.port}"
 
     # --- nodes ------------------------------------------------------------------------------
     def nodes(self) -> list[NodeInfo]:

@@ -2,8 +2,10 @@
 
 load     = requests this router has in flight to the replica
            + the engine's own running and waiting requests not already counted
-           + requests it sent through the edge since the last load poll began (their answers
-             bypass the router, so the engine's counts are the only end it sees of them)
+           + requests it sent through the edge in the last EDGE_PICK_TTL_S and since the last load
+             poll began (their answers bypass the router: the engine's counts are all it sees of
+             them), so requests between two polls spread instead of piling onto one replica; the
+             queue bound (a 429) counts only what a poll or this router saw, never these estimates
 capacity = the replica's planned max_num_seqs
 score    = the larger of load / capacity and queued prompt tokens / max_num_batched_tokens
            (prompts this router sent that have not started answering: a few huge prompts
@@ -43,21 +45,30 @@ class ReplicaView(BaseModel):
                    token_budget=max(1, rp.settings.max_num_batched_tokens))
 
     @property
-    def load(self) -> int:
+    def seen_load(self) -> int:
         # The engine's counts include this router's requests once they reach it.
-        return max(self.in_flight, self.engine_running + self.engine_waiting) + len(self.edge_sent)
+        return max(self.in_flight, self.engine_running + self.engine_waiting)
+
+    @property
+    def load(self) -> int:
+        return self.seen_load + len(self.edge_sent)
 
     @property
     def pressure(self) -> float:
         return max(self.load / max(1, self.capacity), self.queued_tokens / max(1, self.token_budget))
 
 
+EDGE_PICK_TTL_S = 0.25
+"""How long a request the edge sent counts on its replica (``ReplicaView.edge_sent``) without a poll:
+one load poll period. A chat turn is often answered within it, so counting it longer overstates the load."""
+
+
 def queue_full(replicas: list[ReplicaView], bound: int) -> bool:
     """Every live replica is at capacity and ``bound`` requests already wait beyond it."""
     live = [r for r in replicas if is_live(r)]
-    if not live or any(r.load < r.capacity for r in live):
+    if not live or any(r.seen_load < r.capacity for r in live):
         return False
-    return sum(r.load - r.capacity for r in live) >= bound
+    return sum(r.seen_load - r.capacity for r in live) >= bound
 
 
 def choose_replica(replicas: list[ReplicaView], exclude: set[int] | frozenset[int] = frozenset()) -> ReplicaView | None:

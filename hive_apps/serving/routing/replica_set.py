@@ -36,7 +36,7 @@ from hive_apps.serving import request_ids
 from hive_apps.serving.engine.http_server import EngineEndpoint
 from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef, EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.liveness import LoadPoll, is_live, mark_failed
-from hive_apps.serving.routing.policy import ReplicaView, prompt_tokens_estimate, queue_full
+from hive_apps.serving.routing.policy import EDGE_PICK_TTL_S, ReplicaView, prompt_tokens_estimate, queue_full
 from hive_apps.serving.routing.prefix import PrefixIndex, block_keys, cache_blocks, prompt_bytes
 from hive_apps.serving.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
 from hive_apps.serving.routing.transport import EngineHung, HttpTransport, Reply, make_transport
@@ -230,12 +230,15 @@ class ReplicaSet(LoadPoll):
         self._touch()
         if queue_full(self.replica_views(), self.queue_bound) or self._plan_split(path, body) is not None:
             return None
+        now = time.monotonic()
+        for v in self.views.values():
+            v.edge_sent = [t for t in v.edge_sent if now - t < EDGE_PICK_TTL_S]
         view, route, _ = self.prefixes.choose(self.replica_views(), self._prefix_keys(body, None),
                                               prompt_tokens_estimate(raw))
         endpoint = self.endpoints.get(view.index) if view is not None else None
         if view is None or endpoint is None:
             return None
-        view.edge_sent.append(time.monotonic())
+        view.edge_sent.append(now)
         return view, route, endpoint
 
     async def stream(self, req: ForwardedRequest, body: dict[str, Any] | None = None) -> AsyncIterator[ResponseStart | bytes]:

@@ -56,3 +56,15 @@ def test_queued_prompt_tokens_count_against_the_prefill_budget():
     assert choose_replica([r0, r1]).index == 1
     r0.queued_tokens = 0
     assert choose_replica([r0, r1]).index == 0
+
+
+def test_requests_the_edge_sent_steer_the_choice_but_never_fill_the_queue_bound():
+    """Between two polls the edge's picks count on their replica (the next request goes elsewhere),
+    but a 429 needs load a poll or the router saw: a stale estimate must not refuse anyone."""
+    a, b = ReplicaView(index=0, capacity=4), ReplicaView(index=1, capacity=4)
+    a.edge_sent = [0.0, 0.0]
+    assert choose_replica([a, b]) is b
+    full = ReplicaView(index=0, capacity=4, engine_running=4, edge_sent=[0.0] * 50)
+    assert not queue_full([full], bound=1)
+    full.engine_waiting = 1
+    assert queue_full([full], bound=1)
