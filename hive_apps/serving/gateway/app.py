@@ -55,11 +55,17 @@ class Gateway:
         assert settings.edge_port is not None
         try:
             serve_addr = await asyncio.to_thread(get_cluster().serve_ingress)
-            cfg = EdgeConfig(port=settings.edge_port, serve_addr=serve_addr, lua_path="",
+            cfg = EdgeConfig(port=settings.edge_port, serve_addr=serve_addr,
                              read_timeout_s=settings.engine_read_timeout_s)
             self.edge = await start_edge(cfg, self.app.edge_choice)
         except Exception as e:  # EdgeUnavailable, or Serve not answering where its ingress is
             log.error("no edge on port %d (HIVE_EDGE_PORT): %s", settings.edge_port, e)
+
+    async def __del__(self) -> None:
+        """Serve calls it when the replica stops: the edge's HAProxy goes first (it dies with the process
+        anyway, PR_SET_PDEATHSIG; this also removes its config folder)."""
+        if self.edge is not None:
+            await self.edge.stop()
 
     async def __call__(self, request: Request) -> Response:
         return await self.app.answer(request)

@@ -83,7 +83,7 @@ async def edge():
         app = web.Application()
         app.router.add_route("*", path, handler)
         runners.append(await _site(app, ports[name]))
-    proc = EdgeProcess(EdgeConfig(port=ports["edge"], serve_addr=f"127.0.0.1:{ports['serve']}", lua_path="",
+    proc = EdgeProcess(EdgeConfig(port=ports["edge"], serve_addr=f"127.0.0.1:{ports['serve']}",
                                   read_timeout_s=30), ports["decide"], "tok")
     await asyncio.to_thread(proc.start)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['edge']}", timeout=10) as client:
@@ -169,7 +169,7 @@ async def test_chunks_arrive_as_the_engine_sends_them(edge):
 
 
 async def test_the_edge_dies_with_its_parent_config_error_is_reported(tmp_path):
-    bad = EdgeProcess(EdgeConfig(port=free_port(), serve_addr="not-an-address", lua_path="", read_timeout_s=30), 1, "tok")
+    bad = EdgeProcess(EdgeConfig(port=free_port(), serve_addr="not-an-address", read_timeout_s=30), 1, "tok")
     with pytest.raises(EdgeUnavailable, match="haproxy exited"):
         await asyncio.to_thread(bad.start)
 

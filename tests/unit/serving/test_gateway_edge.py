@@ -44,7 +44,7 @@ async def edge(gateway):  # noqa: F811  # the fixture imported above
     port_sock = _bound()
     port = port_sock.getsockname()[1]
     port_sock.close()
-    edge = await start_edge(EdgeConfig(port=port, serve_addr=f"127.0.0.1:{sock.getsockname()[1]}", lua_path="",
+    edge = await start_edge(EdgeConfig(port=port, serve_addr=f"127.0.0.1:{sock.getsockname()[1]}",
                                        read_timeout_s=30), app.edge_choice)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as client:
