@@ -68,12 +68,18 @@ class EdgeProcess:
         self.decide_url = f"http://127.0.0.1:{decide_port}{ROUTE_PATH}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def spawn(self) -> None:
+        """Start HAProxy. Call it from the thread that lives as long as the process (the event loop's):
+        PR_SET_PDEATHSIG fires when the thread that forked the child ends, not only the process."""
         env = {"PATH": os.environ.get("PATH", ""), "HIVE_EDGE_DECIDE_URL": self.decide_url,
                "HIVE_EDGE_DECIDE_TOKEN": self.token}
         with open(self.workdir / "haproxy.log", "wb") as out:
             self.proc = subprocess.Popen([haproxy_binary(), "-db", "-f", str(self.workdir / "haproxy.cfg")],
                                          stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+
+    def wait_listening(self) -> None:
+        """Until HAProxy listens (blocking; any thread); raises ``EdgeUnavailable`` with why it cannot."""
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _listening(self.cfg.port):
             if self.proc.poll() is not None:

@@ -70,7 +70,8 @@ async def start_edge(cfg: EdgeConfig, choose: Choose) -> Edge:
         task.result()
     process = EdgeProcess(cfg, sock.getsockname()[1], token)
     try:
-        await asyncio.to_thread(process.start)
+        process.spawn()  # here, on the loop's thread (see spawn); the wait in a worker thread
+        await asyncio.to_thread(process.wait_listening)
     except Exception:
         server.should_exit = True
         await task

@@ -3,7 +3,11 @@ aiohttp stand-ins for the gateway's decision port, an engine port and Serve's in
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
@@ -85,7 +89,8 @@ async def edge():
         runners.append(await _site(app, ports[name]))
     proc = EdgeProcess(EdgeConfig(port=ports["edge"], serve_addr=f"127.0.0.1:{ports['serve']}",
                                   read_timeout_s=30), ports["decide"], "tok")
-    await asyncio.to_thread(proc.start)
+    proc.spawn()
+    await asyncio.to_thread(proc.wait_listening)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['edge']}", timeout=10) as client:
         yield stage, client, proc
     proc.stop()
@@ -168,10 +173,30 @@ async def test_chunks_arrive_as_the_engine_sends_them(edge):
     assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] >= 0.5  # streamed, not buffered whole
 
 
-async def test_the_edge_dies_with_its_parent_config_error_is_reported(tmp_path):
+def test_the_edge_dies_with_the_process_that_started_it():
+    """A killed gateway replica leaves no HAProxy behind answering for it (PR_SET_PDEATHSIG)."""
+    script = (
+        "import sys, time\n"
+        "from hive_apps.serving.edge.config import EdgeConfig\n"
+        "from hive_apps.serving.edge.process import EdgeProcess\n"
+        f"p = EdgeProcess(EdgeConfig(port={free_port()}, serve_addr='127.0.0.1:1', read_timeout_s=5), 1, 't')\n"
+        "p.spawn(); p.wait_listening(); print(p.proc.pid, flush=True); time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    haproxy = int(parent.stdout.readline())
+    assert os.path.exists(f"/proc/{haproxy}")
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{haproxy}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{haproxy}"), "haproxy outlived its parent"
+
+
+async def test_a_config_haproxy_refuses_is_reported():
     bad = EdgeProcess(EdgeConfig(port=free_port(), serve_addr="not-an-address", read_timeout_s=30), 1, "tok")
+    bad.spawn()
     with pytest.raises(EdgeUnavailable, match="haproxy exited"):
-        await asyncio.to_thread(bad.start)
+        await asyncio.to_thread(bad.wait_listening)
 
 
 async def test_an_engine_gone_since_the_last_poll_is_a_503_the_client_retries(edge):
