@@ -147,6 +147,21 @@ def stop_hive(hive: Hive) -> None:
         hive.cluster.shutdown()
 
 
+def edge_warm(hive: Hive, model_id: str, prefix: str = "") -> None:
+    """Until the edge sends ``model_id``'s requests straight to its engine: each gateway replica declines
+    (the Serve path answers) until its replica set has learnt the engine's port, one load poll after the
+    first request it sees; the kernel spreads connections over the replicas' edges, so several in a row."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    direct, deadline = 0, time.time() + 30
+    while direct < 10:
+        r = httpx.post(f"{hive.edge_url}{prefix}/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 200, r.text
+        direct = direct + 1 if r.headers.get("x-hive-edge") == "1" else 0
+        assert time.time() < deadline, "the edge never routed the model itself"
+        time.sleep(0.1)
+
+
 def openai_clients(hive: Hive, model_id: str, async_: bool = False) -> list:
     """OpenAI SDK clients for /v1 and for the model's own /<model_id>/v1."""
     import openai

@@ -213,7 +213,10 @@ class RayCluster:
         import ray
         from ray.serve.context import _get_global_client
 
-        controller = _get_global_client()._controller
+        client = _get_global_client()
+        if client is None:
+            raise RuntimeError("Serve is not running on this cluster")
+        controller = client._controller
         http = ray.get(controller.get_http_config.remote())
         here = ray.get(controller.get_proxy_details.remote(ray.get_runtime_context().get_node_id()))
         node = ray.util.get_node_ip_address() if here is not None else ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]

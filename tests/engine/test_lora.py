@@ -101,3 +101,27 @@ def test_a_deleted_adapter_is_a_404_and_unloaded(hive, adapters):
     assert LOCAL not in {m["id"] for m in hive.api.get("/v1/models").json()["data"]}
     assert LOCAL not in engine_info(hive)["adapters"]["loaded"]
     assert answer(hive, HUB)  # the other one still serves
+
+
+def test_more_adapters_than_slots_take_turns_and_keep_their_answers(hive, adapters, tiny_model, tmp_path_factory):
+    """Six adapters on a base with two slots (``max_loras`` 2, ``max_cpu_loras`` 2): a request for one that
+    is not loaded loads it, evicting the least recently used, and each keeps giving its own greedy answer
+    through the turns (an eviction that left the wrong weights in a slot would change one)."""
+    folder = tmp_path_factory.mktemp("many-adapters")
+    names = [f"tiny-lora-m{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        build_tiny_lora(tiny_model, folder / name, rank=8, seed=10 + i)
+        r = hive.admin.post("/adapters", json={"model_id": name, "base": BASE, "source": str(folder / name)})
+        assert r.status_code == 201, r.text
+    try:
+        loads = engine_info(hive)["adapters"]["loads"]
+        first = {n: answer(hive, n) for n in names}
+        assert len(set(first.values())) == len(names), first
+        assert {n: answer(hive, n) for n in reversed(names)} == first
+        info = engine_info(hive)["adapters"]
+        assert len(info["loaded"]) <= 2 and info["failed"] == {}, info
+        # in reverse order only the two used last were still held: every other turn loaded its adapter again
+        assert info["loads"] - loads >= 2 * len(names) - 2, info
+    finally:
+        for name in names:
+            hive.admin.delete(f"/adapters/{name}")

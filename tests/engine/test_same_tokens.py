@@ -14,7 +14,7 @@ import pytest
 
 from hive_apps.serving.edge.config import EDGE_HEADER
 from hive_apps.serving.engine.http_server import LOAD_PATH, TOKEN_HEADER
-from tests.harness import API_KEY
+from tests.harness import API_KEY, edge_warm
 
 pytestmark = pytest.mark.engine
 
@@ -57,6 +57,7 @@ def test_every_route_streams_the_engines_own_tokens(hive, tiny):
     direct_ids, direct_text = streamed_tokens(f"{endpoint.url}/v1/chat/completions", {TOKEN_HEADER: endpoint.token})
     assert len(direct_ids) == 16
     key = {"Authorization": f"Bearer {API_KEY}"}
+    edge_warm(hive, "tiny")
     for base, via_edge in ((hive.url, False), (hive.edge_url, True)):
         for route in ("/v1/chat/completions", "/tiny/v1/chat/completions"):
             assert streamed_tokens(base + route, key, via_edge) == (direct_ids, direct_text), (base, route)
@@ -71,6 +72,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_engines_slot(hive, tiny, rout
     def load() -> dict:
         return httpx.get(endpoint.url + LOAD_PATH, headers={TOKEN_HEADER: endpoint.token}).json()
 
+    edge_warm(hive, "tiny")
     before = load()["generation_tokens_total"]
     base = hive.url if route.startswith("serve") else hive.edge_url
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hum."}], "max_tokens": 128,

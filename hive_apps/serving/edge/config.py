@@ -61,6 +61,7 @@ global
     lua-load {lua_path}
     httpclient.retries 0
     httpclient.timeout.connect 2s
+    close-spread-time 1s  # on a soft stop, idle keep-alive connections close within 1 s, not at their timeout
 
 defaults
     mode http

@@ -98,11 +98,14 @@ class EdgeProcess:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 0.0) -> None:
+        """HAProxy's soft stop (SIGUSR1: it stops listening, so new connections go to a sibling edge on
+        the port, and ends once the answers it is streaming are done), for at most ``grace_s``; then gone."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGUSR1 if grace_s > 0 else signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(max(grace_s, 5.0))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)

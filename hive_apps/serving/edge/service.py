@@ -49,8 +49,10 @@ class Edge:
     server: uvicorn.Server
     task: asyncio.Task
 
-    async def stop(self) -> None:
-        await asyncio.to_thread(self.process.stop)
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """HAProxy first (given ``grace_s`` to finish the answers it streams: they need no decision),
+        then the decision port."""
+        await asyncio.to_thread(self.process.stop, grace_s)
         self.server.should_exit = True
         await self.task
 

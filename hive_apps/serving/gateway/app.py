@@ -31,6 +31,7 @@ from hive_apps.serving.gateway.ingress import make_gateway_app
 log = logging.getLogger("ray.serve")
 
 REPLICAS = 2
+EDGE_DRAIN_S = 15.0  # within Serve's graceful_shutdown_timeout_s (20 s by default)
 
 
 class GatewayArgs(BaseModel):
@@ -62,10 +63,11 @@ class Gateway:
             log.error("no edge on port %d (HIVE_EDGE_PORT): %s", settings.edge_port, e)
 
     async def __del__(self) -> None:
-        """Serve calls it when the replica stops: the edge's HAProxy goes first (it dies with the process
-        anyway, PR_SET_PDEATHSIG; this also removes its config folder)."""
+        """Serve calls it when it stops the replica (a redeploy, a scale-down, shutdown): the edge stops
+        taking connections at once and finishes the answers it is streaming, within Serve's graceful
+        shutdown. A replica killed outright takes its edge with it (PR_SET_PDEATHSIG)."""
         if self.edge is not None:
-            await self.edge.stop()
+            await self.edge.stop(grace_s=EDGE_DRAIN_S)
 
     async def __call__(self, request: Request) -> Response:
         return await self.app.answer(request)

@@ -205,3 +205,19 @@ async def test_an_engine_gone_since_the_last_poll_is_a_503_the_client_retries(ed
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
     assert resp.json()["error"]["code"] == 503 and "retry" in resp.json()["error"]["message"]
+
+
+async def test_a_soft_stop_finishes_the_answer_in_flight_and_takes_no_new_connection(edge):
+    stage, client, proc = edge
+    stage.chunks, stage.chunk_gap_s = 8, 0.1
+    async with client.stream("POST", "/v1/chat/completions", json=CHAT) as resp:
+        stopping = asyncio.create_task(asyncio.to_thread(proc.stop, 10.0))
+        await asyncio.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):  # no longer listening
+            await httpx.AsyncClient().post(str(client.base_url) + "/v1/chat/completions", json=CHAT)
+        text = b"".join([chunk async for chunk in resp.aiter_raw()]).decode()
+    assert text.endswith("data: [DONE]\n\n") and text.count("data: ") == 9  # every chunk, to the end
+    t0 = asyncio.get_running_loop().time()
+    await stopping
+    assert proc.proc.returncode is not None
+    assert asyncio.get_running_loop().time() - t0 < 3  # idle keep-alive connections closed, not waited out
