@@ -112,18 +112,6 @@ def wait_for(url: str, headers: dict[str, str], timeout: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
 
 
-def edge_answers(url: str, api_key: str) -> bool:
-    """Whether the edge (HIVE_EDGE_PORT) runs there: a gateway replica started it a moment after its own start."""
-    for _ in range(10):
-        try:
-            if httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=5).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a Hub repo (org/name[@revision]), s3://bucket/prefix or a folder "
@@ -191,8 +179,12 @@ def main() -> int:
     print(f"  curl -H 'Authorization: Bearer {admin_token}' {args.url}/admin/gpus")
     print(f"  OpenAI base_url={args.url}/v1   dashboard: http://127.0.0.1:8265   stop: {STOP}")
     edge = ray_head_env(dict(os.environ)).get(EDGE_PORT)
-    if edge and edge_answers(f"http://127.0.0.1:{edge}", api_key):
-        print(f"  fastest: base_url=http://127.0.0.1:{edge}/v1 (the edge: answers stream from the engines' own ports)")
+    if edge:
+        try:  # the edge answers once a gateway replica started it, a moment after its own start
+            wait_for(f"http://127.0.0.1:{edge}/v1/models", {"Authorization": f"Bearer {api_key}"}, 5)
+            print(f"  fastest: base_url=http://127.0.0.1:{edge}/v1 (the edge: answers stream from the engines' own ports)")
+        except TimeoutError:
+            pass
     print("  Never expose Ray's own ports (6379, 8265, 10001, ...): they give full control of the cluster. "
           "On a shared network start Ray with RAY_AUTH_MODE=token (README: Trust model).")
     return 0

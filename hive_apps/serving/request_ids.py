@@ -22,7 +22,8 @@ import uuid
 HEADER = "x-request-id"
 _HEADER_B = HEADER.encode()
 MAX_LEN = 128
-_WELL_FORMED = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_LEN}}}")
+PATTERN = rf"[A-Za-z0-9._:-]{{1,{MAX_LEN}}}"  # a client's own id, as kept (also the edge's HAProxy rule)
+_WELL_FORMED = re.compile(PATTERN)
 
 
 def well_formed(value: str | bytes | None) -> bool:

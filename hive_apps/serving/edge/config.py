@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hive_apps.core.openai_errors import openai_error
+from hive_apps.serving import request_ids
+from hive_apps.serving.routing.http import PASSED_HEADERS
 
 ROUTE_PATH = "/hive/route"
 """The gateway replica's decision endpoint (loopback only, token-guarded)."""
@@ -24,10 +26,10 @@ DST_HEADER, PORT_HEADER, TOKEN_HEADER = "x-hive-dst", "x-hive-dst-port", "x-hive
 PATH_HEADER, REPLICA_HEADER, ROUTE_HEADER = "x-hive-dst-path", "x-hive-replica", "x-hive-route"
 FORWARDED_PATH_HEADER = "x-hive-path"  # the client's path, as the decision is asked
 EDGE_HEADER = "x-hive-edge"  # on an answer that came from the engine through the edge (1), not the Serve path
-ENGINE_HEADERS = ("content-type", "content-length", "transfer-encoding", "accept", "host", "x-request-id")
-"""The only request headers an engine gets from a client: never its API key, cookies or x-hive-*
-(``routing/http.py`` PASSED_HEADERS does the same on the Serve path)."""
-REQUEST_ID = r"^[A-Za-z0-9._:-]{1,128}$"  # serving/request_ids.py's rule for a client's own id
+ENGINE_HEADERS = (*sorted(PASSED_HEADERS), request_ids.HEADER, "content-length", "transfer-encoding", "host")
+"""The only request headers an engine gets from a client: the Serve path's (``routing/http.py``
+PASSED_HEADERS) and the request id, with the message's framing; never its API key, cookies or x-hive-*."""
+REQUEST_ID = f"^{request_ids.PATTERN}$"  # the client's own id is kept when well formed, as on the Serve path
 UNAVAILABLE = bytes(openai_error(503, "the engine replica chosen for this request did not answer; retry").body).decode()
 """HAProxy's own answer when the chosen engine replica refuses the connection (it died since the last load poll)."""
 BUFSIZE = 64 * 1024

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from hive_apps.serving.edge.config import DECIDE_TOKEN_HEADER, ROUTE_PATH, EdgeConfig
 from hive_apps.serving.edge.process import EdgeProcess
-from hive_apps.serving.engine.http_server import _QuietServer
+from hive_apps.serving.engine.http_server import serve_on
 
 log = logging.getLogger("ray.serve")
 
@@ -64,12 +64,7 @@ async def start_edge(cfg: EdgeConfig, choose: Choose) -> Edge:
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(decision_app(choose, token), lifespan="off", log_level="warning", log_config=None,
                             access_log=False, server_header=False, date_header=False, ws="none")
-    server = _QuietServer(config)
-    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()
+    server, task = await serve_on(config, sock)
     process = EdgeProcess(cfg, sock.getsockname()[1], token)
     try:
         process.spawn()  # here, on the loop's thread (see spawn); the wait in a worker thread

@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -198,6 +199,17 @@ class RunningServer:
         await self.task
 
 
+async def serve_on(config: uvicorn.Config, sock: socket.socket) -> tuple[uvicorn.Server, asyncio.Task]:
+    """Run ``config``'s app on ``sock`` in the running event loop, once it has started; raises why it could not."""
+    server = _QuietServer(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()  # raises the reason it could not start
+    return server, task
+
+
 async def start_http_server(app: Any, on_request: Callable[[int], None], load: Callable[[], BaseModel],
                             port_range: tuple[int, int] | None) -> RunningServer:
     """Serve ``app`` on a free port of this node (in ``port_range``, HIVE_ENGINE_PORT_RANGE, if set),
@@ -218,12 +230,7 @@ async def start_http_server(app: Any, on_request: Callable[[int], None], load: C
     config = uvicorn.Config(guarded(app, token, on_request, load), lifespan="off", log_level="warning", log_config=None,
                             access_log=False, timeout_keep_alive=75, server_header=False, date_header=False,
                             limit_concurrency=MAX_CONNECTIONS, http=BoundedHttpProtocol, ws="none")
-    server = _QuietServer(config)
-    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()  # raises the reason it could not start
+    server, task = await serve_on(config, sock)
     endpoint = EngineEndpoint(url=f"http://{host}:{port}", token=token)
     log.info("engine HTTP server on %s", endpoint.url)
     return RunningServer(endpoint, server, task)

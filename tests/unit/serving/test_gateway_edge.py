@@ -15,7 +15,7 @@ from hive_apps.core.state.records import ModelStatus
 from hive_apps.serving.edge.config import EdgeConfig
 from hive_apps.serving.edge.process import EdgeUnavailable, haproxy_binary
 from hive_apps.serving.edge.service import start_edge
-from hive_apps.serving.engine.http_server import _QuietServer
+from hive_apps.serving.engine.http_server import serve_on
 from tests.unit.core.test_lifecycle import idle_for
 from tests.unit.serving.test_gateway_app import AUTH, gateway, openai_shaped, serving  # noqa: F401  # fixture
 
@@ -39,8 +39,7 @@ async def edge(gateway):  # noqa: F811  # the fixture imported above
     h, _ = gateway
     app = h.gateway_app
     sock = _bound()  # the gateway app as Serve's ingress: what the edge declines is answered by it
-    serve = _QuietServer(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False))
-    serving_task = asyncio.get_running_loop().create_task(serve.serve(sockets=[sock]))
+    serve, serving_task = await serve_on(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False), sock)
     port_sock = _bound()
     port = port_sock.getsockname()[1]
     port_sock.close()
