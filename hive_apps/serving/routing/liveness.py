@@ -1,7 +1,8 @@
 """Which replicas take requests: the one definition of a live replica, and the load poll that keeps it.
 
 A replica is live when its model's record still routes to it (``live_plan``: its replica set
-holds only those) and its last load poll answered with no request failing on it since
+holds only those) and its last load poll answered (or was late only once: a busy engine's
+answer may come after LOAD_TIMEOUT_S) with no request failing on it since
 (``is_live``; a new set presumes its replicas live until its first poll). Replica choice, the
 queue bound and splitting (``policy.py``, ``split.py``) and the failover (``replica_set.py``)
 all ask ``is_live``; only the poll (``LoadPoll``) and ``mark_failed`` change the answer.
@@ -94,11 +95,14 @@ class LoadPoll(ABC):
             view = self.views[i]
             if isinstance(res, EngineLoad):
                 view.engine_running, view.engine_waiting, view.healthy = res.running, res.waiting, True
+                view.late = False
                 view.edge_sent = [t for t in view.edge_sent if t > asked_at]  # the engine counted the rest
                 view.adapters = frozenset(res.adapters)
                 self.loads[i] = res
+            elif isinstance(res, TimeoutError) and view.healthy and not view.late:
+                view.late = True  # a busy engine (a long prefill on few cores) answers late now and then
             else:
-                view.healthy = False
+                view.healthy = False  # refused, or late twice in a row: a dead or hung replica
         if self.on_refresh is not None:
             self.on_refresh(self)
 

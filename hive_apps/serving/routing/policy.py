@@ -32,6 +32,7 @@ class ReplicaView(BaseModel):
     engine_running: int = 0
     engine_waiting: int = 0
     healthy: bool = True  # serving/routing/liveness.py's to set; read it with is_live
+    late: bool = False  # its last load poll timed out (liveness.py's): one more and it is not live
     seq_tokens_per_s: float = 0.0  # the plan's throughput estimate / max_num_seqs
     queued_tokens: int = 0  # prompt tokens sent by this router and not yet answering
     token_budget: int = 8192  # planned max_num_batched_tokens

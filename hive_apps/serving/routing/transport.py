@@ -97,18 +97,28 @@ class HttpTransport(EngineTransport):
         self._http: aiohttp.ClientSession | None = None
         self._read_timeout_s = read_timeout_s  # the connections' idle limit
         self._in_flight = 0  # requests on the connections now
+        self._late: set[int] = set()  # replicas whose last poll on their port was late
 
     async def load(self, i: int) -> EngineLoad:
-        """Over the replica's own port when it is known (cheap); else ask Serve, and learn the port."""
+        """Over the replica's own port when it is known (cheap); else ask Serve, and learn the port.
+        One late answer on the known port raises ``TimeoutError`` and keeps the port: a busy engine's
+        port is still its port (forgetting it sent its requests the slow way until Serve answered).
+        Late twice in a row, Serve is asked again (the replica may have moved to another node)."""
         endpoint = self.endpoints[i]
         if endpoint is not None:
             try:
                 async with await self._request(endpoint, "GET", LOAD_PATH, timeout=LOAD_TIMEOUT_S) as resp:
                     if resp.status == 200:
+                        self._late.discard(i)
                         return EngineLoad.model_validate_json(await resp.read())
+            except TimeoutError:
+                if i not in self._late:
+                    self._late.add(i)
+                    raise
             except Exception:
                 pass
-            self.endpoints[i] = None  # gone or restarted: the handle says which
+            self._late.discard(i)
+            self.endpoints[i] = None  # refused or reset: gone or restarted, the handle says which
         self.endpoints[i] = await self.serve.endpoint(i)
         return await self.serve.load(i)
 

@@ -5,9 +5,10 @@ import json
 
 import aiohttp
 
-from hive_apps.serving.engine.http_server import TOKEN_HEADER
+from hive_apps.serving.engine.http_server import TOKEN_HEADER, EngineEndpoint
 from hive_apps.serving.engine.protocol import ForwardedRequest
 from hive_apps.serving.engine.sim_engine import SimEngine
+from hive_apps.serving.routing.liveness import is_live
 from hive_apps.serving.routing.replica_set import ReplicaSet
 from tests.unit.helpers import replica_plan, routing
 
@@ -108,6 +109,37 @@ async def test_load_is_polled_over_the_port_once_it_is_known():
     assert rs.views[0].healthy
 
 
+async def test_a_late_load_answer_keeps_the_port_once_then_serve_is_asked_where_the_replica_is():
+    """A busy engine answers its load poll late now and then (a long prefill on few cores): its port
+    is kept through one late poll (forgetting it sent requests the slow way, and the edge declined
+    them); late twice in a row, Serve is asked again, as the replica may have moved."""
+
+    async def silent(reader, writer):  # takes the poll, never answers
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        e = await engine(sim_tokens_per_s=5000)
+        h = FakeHandle(e)
+        rs = ReplicaSet("sim-model", {0: h}, [e.replica], queue_bound=8, **routing())
+        hung = EngineEndpoint(url=f"http://127.0.0.1:{port}", token="t")
+        rs.endpoints[0] = hung
+        await rs._refresh()
+        assert rs.endpoints[0] == hung and is_live(rs.views[0]), "one late answer: still live, same port"
+        assert h.calls.get("endpoint", 0) == 0
+        await rs._refresh()
+        assert h.calls.get("endpoint") == 1, "late twice: Serve is asked where the replica is"
+        assert rs.endpoints[0] == e.endpoint() and is_live(rs.views[0])
+        await rs._refresh()
+        assert h.calls.get("endpoint") == 1 and h.calls.get("load", 0) == 1, "then polled over its port again"
+        rs.close()
+        await e.http.stop()
+    finally:
+        server.close()
+
+
 async def test_streams_over_the_port_and_release_their_queued_tokens():
     from hive_apps.serving.engine.protocol import ResponseStart
 
@@ -136,7 +168,6 @@ async def test_streams_over_the_port_and_release_their_queued_tokens():
 
 async def test_a_hung_engine_fails_the_request_instead_of_holding_it(monkeypatch):
     from hive_apps.core.settings import get_settings
-    from hive_apps.serving.engine.http_server import EngineEndpoint
 
     async def silent(reader, writer):  # reads the request, never answers
         await reader.read(65536)

@@ -53,3 +53,45 @@ async def test_a_replica_the_failover_marked_is_skipped_by_choice_bound_and_spli
     rs.close()
     await asyncio.sleep(0)
     await engines[1].http.stop()
+
+
+class Polled(liveness.LoadPoll):
+    """A load poll whose replica 0 answers, or fails, as the test says."""
+
+    def __init__(self):
+        from hive_apps.serving.routing.policy import ReplicaView
+
+        super().__init__({0: ReplicaView(index=0, capacity=4)})
+        self.answer: Exception | None = None
+
+    async def _poll_one(self, i):
+        from hive_apps.serving.engine.protocol import EngineLoad
+
+        if self.answer is not None:
+            raise self.answer
+        return EngineLoad(running=1, waiting=0)
+
+
+async def test_one_late_poll_keeps_a_replica_live_two_in_a_row_or_a_refusal_do_not():
+    poll = Polled()
+    view = poll.views[0]
+    poll.answer = TimeoutError()
+    await poll._refresh()
+    assert is_live(view), "one late answer: a busy engine"
+    await poll._refresh()
+    assert not is_live(view), "late twice in a row: dead or hung"
+    poll.answer = None
+    await poll._refresh()
+    assert is_live(view) and view.engine_running == 1
+    poll.answer = TimeoutError()
+    await poll._refresh()
+    poll.answer = None
+    await poll._refresh()
+    poll.answer = TimeoutError()
+    await poll._refresh()
+    assert is_live(view), "an answer in between: late once again, not twice"
+    poll.answer = None
+    await poll._refresh()
+    poll.answer = ConnectionRefusedError()
+    await poll._refresh()
+    assert not is_live(view), "a refused poll: not live at once"
