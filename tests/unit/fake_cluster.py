@@ -90,18 +90,25 @@ class FakeEngine:
 
     def info(self) -> dict:
         return {"devices": self.devices, "engine_start_s": self.start_s, "warm_up_s": 0.25,
-                "can_sleep": self._sleep is not None, "loaded": self.loaded}
+                "can_sleep": self._sleep is not None and not self._sleep.warm,
+                "can_rest": self._sleep is not None and self._sleep.warm, "loaded": self.loaded}
 
     def sleep(self, level: int) -> SleepReport:
         self._sleep.calls.append(f"sleep{level}")
         self._sleep.level = self._sleep.level or level
         return SleepReport(sleep_s=0.1, residual_bytes=self._sleep.residual)
 
+    def rest(self) -> SleepReport:
+        """Asleep warm: vLLM stopped, the process kept (``level`` WARM_LEVEL marks it here)."""
+        self._sleep.calls.append("rest")
+        self._sleep.level = self._sleep.level or WARM_LEVEL
+        return SleepReport(sleep_s=0.5, residual_bytes=self._sleep.residual)
+
     def wake_up(self) -> dict:
-        self._sleep.calls.append(f"wake{self._sleep.level}")
+        self._sleep.calls.append("wake_warm" if self._sleep.level == WARM_LEVEL else f"wake{self._sleep.level}")
         if self._sleep.corrupt:
             raise RuntimeError("after waking, it answers the warm-up differently than before it slept")
-        wake_s = {0: 0.0, 1: 0.5, 2: 3.0}[self._sleep.level]
+        wake_s = {0: 0.0, 1: 0.5, 2: 3.0, WARM_LEVEL: 12.0}[self._sleep.level]
         self._sleep.level = 0
         return {"wake_s": wake_s, "warm_up_s": 0.05}
 
@@ -109,11 +116,15 @@ class FakeEngine:
         return self._load()
 
 
+WARM_LEVEL = 3  # the fake's mark of an engine asleep warm
+
+
 @dataclass
 class FakeSleep:
     level: int = 0
     corrupt: bool = False  # its wake brings the weights back wrong
     residual: dict[str, int] | None = None  # what it says it still holds per device once asleep (None: unmeasured)
+    warm: bool = False  # no sleep mode: it sleeps warm (its process kept, vLLM stopped)
     calls: list[str] = field(default_factory=list)
 
 

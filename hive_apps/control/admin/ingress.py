@@ -152,7 +152,7 @@ class AdminService(ControlPlane):
                 for model_id in room.waiting_for:
                     self.reconciler.ensure(model_id)
                 parking = set(room.waiting_for)
-                await self.wait_for(lambda records: all(m not in records or not records[m].resident for m in parking),  # noqa: B023 (awaited in this iteration)
+                await self.wait_for(lambda records: all(m not in records or not records[m].releasing for m in parking),  # noqa: B023 (awaited in this iteration)
                                     deadline - time.monotonic())
             elif room.retry_at is not None and room.retry_at - self.clock() < deadline - time.monotonic():
                 await asyncio.sleep(max(0.0, room.retry_at - self.clock()))

@@ -35,12 +35,12 @@ from hive_apps.core.lifecycle import (
     sleep_due,
     update_activity,
 )
-from hive_apps.core.planning.memory import sleep_residual_bytes
-from hive_apps.core.planning.types import DeviceCapacity, Plan
+from hive_apps.core.planning.memory import sleep_residual_bytes, warm_residual_bytes
+from hive_apps.core.planning.types import DeviceCapacity, Plan, ReplicaPlan
 from hive_apps.core.settings import HiveSettings
-from hive_apps.core.spec import ModelSpec
+from hive_apps.core.spec import EngineKind, ModelSpec
 from hive_apps.core.state import transitions as t
-from hive_apps.core.state.records import SERVING, ModelRecord, ModelStatus
+from hive_apps.core.state.records import SERVING, ModelRecord, ModelStatus, SleepMode
 from hive_apps.core.weights.types import Manifest
 from hive_apps.serving.engine.protocol import EngineLoad, TTFTHistogram
 
@@ -255,15 +255,33 @@ class Lifecycle(ControlPlane):
         engine that will sleep in place keeps there (``memory.sleep_residual_bytes`` of its replica;
         ``records``: theirs, for the plans). Without its record a model counts as parking."""
         plans = {r.model_id: {rp.index: rp for rp in r.plan.replicas} for r in records}
+        engines = {r.model_id: r.plan.engine for r in records}
         freed: dict[str, int] = {}
         for model_id in model_ids:
             for r in await self.registry.reservations.remote(model_id):
                 rp = plans.get(model_id, {}).get(r.replica)
-                keeps = sleep_residual_bytes(rp) if rp is not None and rp.engine_kwargs.get("enable_sleep_mode") \
-                    and not r.in_place else 0
+                keeps = 0 if rp is None or r.in_place else self._keeps_asleep(rp, engines[model_id])
                 for dev in r.devices:
                     freed[dev] = freed.get(dev, 0) + max(0, r.held_bytes - keeps)
         return freed
+
+    async def _cool(self, shells: Sequence[ModelRecord], newcomer: str) -> list[str]:
+        """Ask the registry to stop these warm models' kept processes; the ones it accepted."""
+        cooled = []
+        for rec in shells:
+            asked = await self._ask(t.Cool(model_id=rec.model_id, version=rec.version,
+                                           reason=f"making room for {newcomer}"))
+            if asked.ok:
+                cooled.append(rec.model_id)
+        return cooled
+
+    def _keeps_asleep(self, rp: ReplicaPlan, engine: str) -> int:
+        """What a resident replica will still hold on each device once it sleeps: its residual in
+        vLLM's sleep mode, its kept process asleep warm (a vLLM engine, HIVE_WARM_PARK), nothing parked
+        (the sim engine parks where it has no sleep mode)."""
+        if rp.engine_kwargs.get("enable_sleep_mode"):
+            return sleep_residual_bytes(rp)
+        return warm_residual_bytes(rp) if self.settings.warm_park and engine == EngineKind.VLLM else 0
 
     async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False,
                         in_place: Plan | None = None, weights: Manifest | None = None) -> Room:
@@ -286,10 +304,22 @@ class Lifecycle(ControlPlane):
         if outcome.plan is not None:
             return Room(plan=outcome.plan)
         weights = weights or outcome.weights
-        draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.resident]
+        draining = [r.model_id for r in records if r.status is ModelStatus.SLEEPING and r.releasing]
         base = await self._held_by(draining, records)
         if base and (await self._plan_with(spec, devices, base, as_asked, in_place, weights)).plan is not None:
             return Room(waiting_for=draining)  # it fits once those park: wait for them
+        # kept processes of models asleep warm go first, least recently asked for first: stopping one
+        # costs only its next wake's head start
+        shells = sorted((r for r in records if r.status is ModelStatus.SLEEPING and not r.releasing
+                         and r.sleep_mode is SleepMode.WARM), key=lambda r: r.last_request_at or r.slept_at or 0.0)
+        for n in range(1, len(shells) + 1):
+            freed = await self._held_by(draining + [r.model_id for r in shells[:n]], records)
+            if (await self._plan_with(spec, devices, freed, as_asked, in_place, weights)).plan is not None:
+                cooled = await self._cool(shells[:n], spec.model_id)
+                return Room(waiting_for=cooled + draining)
+        if shells:  # all of them, and models put to sleep besides (cooled only once that search finds room)
+            draining += [r.model_id for r in shells]
+            base = await self._held_by(draining, records)
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
         waited = now - waiting_since if waiting_since is not None else 0.0
@@ -320,6 +350,7 @@ class Lifecycle(ControlPlane):
                 else:  # it changed since it was read (healing, scaling, deleted): search on without it
                     refused.append(Refusal(model_id=model_id, reason=f"its sleep was refused: {asked.message}"))
             if len(refused) == refusals or await fits_after([]):
+                await self._cool(shells, spec.model_id)
                 return Room(evicting=evicting, waiting_for=evicting + draining)
         if not await fits([c.model_id for c in candidates]):
             return Room(error=outcome.error, status_code=outcome.status_code)  # would not fit even alone

@@ -57,6 +57,7 @@ ERROR_RETRY_S = 2.0
 INFO_TIMEOUT_S = 10.0
 SERVE_TIMEOUT_S = 120.0
 SLEEP_TIMEOUT_S = 300.0  # an engine's own sleep or wake (level 1 of a large model: seconds per 10 GiB)
+REST_TIMEOUT_S = 60.0  # vLLM stopping in a kept process (asleep warm)
 APPLY_GRACE_S = 3.0
 HEALTHY = "HEALTHY"
 BROKEN = ("UNHEALTHY", "DEPLOY_FAILED")
@@ -236,19 +237,25 @@ class Reconciler(ControlPlane):
         """Drain, then sleep in place where the engines can (``doze``, their sleep, ``dozed``), or
         park: the app keeps its router (route, held requests) and loses its engines."""
         if not rec.resident:
+            if rec.cooling:  # asleep warm, and another model needs what its processes hold
+                await self._park(rec)
             return None  # asleep: a request wakes it, the lifecycle loop may destroy it
         if rec.sleep_mode is None:
             await self._drain(rec)
             now = await self.registry.get_model.remote(rec.model_id)
             if now is None or now.status is not ModelStatus.SLEEPING or now.sleep_mode is not None:
                 return 0.0  # woken, deleted or decided while it drained: decide again
-            if await self._can_sleep_in_place(now):
-                await self._ask(t.Doze(model_id=now.model_id, version=now.version))
+            how = await self._how_in_place(now)
+            if how is not None:
+                await self._ask(t.Doze(model_id=now.model_id, version=now.version, warm=how is SleepMode.WARM))
                 return 0.0
         elif rec.sleeps_in_place:
             level = 1 if rec.sleep_mode is SleepMode.LEVEL1 else 2
             try:
-                slept = await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
+                if rec.sleep_mode is SleepMode.WARM:
+                    slept = await self._each_engine(rec, lambda engine: engine.rest.remote(), REST_TIMEOUT_S)
+                else:
+                    slept = await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
             except Exception as e:
                 log.warning("%s: its engines did not sleep (%s); parking it instead", rec.model_id, e)
             else:
@@ -257,22 +264,31 @@ class Reconciler(ControlPlane):
         await self._park(rec)
         return None
 
-    async def _can_sleep_in_place(self, rec: ModelRecord) -> bool:
-        infos = await self._engine_infos(rec, [rp.index for rp in rec.live_replicas])
-        return bool(infos) and all(info is not None and info.get("can_sleep") for info in infos.values())
+    async def _how_in_place(self, rec: ModelRecord) -> SleepMode | None:
+        """How its drained engines stay in place: vLLM's sleep mode (level 1 or 2, the registry picks),
+        warm (no sleep mode, HIVE_WARM_PARK: vLLM stops, the processes stay), or not at all (None: parked)."""
+        infos = [i for i in (await self._engine_infos(rec, [rp.index for rp in rec.live_replicas])).values()]
+        if not infos or any(i is None for i in infos):
+            return None
+        if all(i.get("can_sleep") for i in infos if i is not None):
+            return SleepMode.LEVEL1
+        if self.settings.warm_park and all(i.get("can_rest") for i in infos if i is not None):
+            return SleepMode.WARM
+        return None
 
-    async def _each_engine(self, rec: ModelRecord, call) -> dict[str, Any]:
+    async def _each_engine(self, rec: ModelRecord, call, timeout_s: float = SLEEP_TIMEOUT_S) -> dict[str, Any]:
         """``call(handle)`` on every live engine at once; the first failure raises."""
         live = [rp.index for rp in rec.live_replicas]
         results = await asyncio.gather(*(asyncio.wait_for(call(self.cluster.engine_handle(rec.model_id, i)),
-                                                          SLEEP_TIMEOUT_S) for i in live))
+                                                          timeout_s) for i in live))
         return {names.replica_label(i): r for i, r in zip(live, results)}
 
     async def _rouse(self, rec: ModelRecord) -> float | None:
         """Its engines sleep in place and their memory is booked again: wake them, check that they
         answer as before they slept, serve. One that does not is restarted (parked, then started)."""
-        try:
-            woke = await self._each_engine(rec, lambda engine: engine.wake_up.remote())
+        try:  # warm: vLLM starts again in each kept process, a start's deadline
+            timeout_s = self.settings.deploy_timeout_s if rec.sleep_mode is SleepMode.WARM else SLEEP_TIMEOUT_S
+            woke = await self._each_engine(rec, lambda engine: engine.wake_up.remote(), timeout_s)
         except Exception as e:
             log.warning("%s: waking in place failed (%s); starting its engines again", rec.model_id, e)
             await self._park(rec)

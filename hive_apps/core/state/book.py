@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from hive_apps.core import names
 from hive_apps.core.planning.drift import Loaded
-from hive_apps.core.planning.memory import sleep_residual_bytes
+from hive_apps.core.planning.memory import sleep_residual_bytes, warm_residual_bytes
 from hive_apps.core.planning.types import Plan, ReplicaPlan
 from hive_apps.core.spec import ModelSpec
 from hive_apps.core.state.changes import spec_change
@@ -108,12 +108,13 @@ def heal_backoff_s(attempts: int, cap_s: float) -> float:
     return min(cap_s, HEAL_BACKOFF_BASE_S * 2.0 ** max(0, attempts - 1))
 
 
-def asleep_residual(rp: ReplicaPlan, measured: dict[str, int] | None = None) -> int:
+def asleep_residual(rp: ReplicaPlan, measured: dict[str, int] | None = None, warm: bool = False) -> int:
     """What a replica asleep in place keeps booked on each of its devices: the most its engine measured
-    on any of them once it slept, else the plan's estimate; never more than its reservation (what is
-    above it shows as foreign use), never less than 0."""
+    on any of them once it slept, else the plan's estimate (``warm``: of its kept process); never more
+    than its reservation (what is above it shows as foreign use), never less than 0."""
     on_its = [b for dev, b in (measured or {}).items() if dev in rp.devices]
-    return min(rp.reservation_bytes, max(0, max(on_its) if on_its else sleep_residual_bytes(rp)))
+    by_plan = warm_residual_bytes(rp) if warm else sleep_residual_bytes(rp)
+    return min(rp.reservation_bytes, max(0, max(on_its) if on_its else by_plan))
 
 
 class ModelBook:
@@ -428,13 +429,18 @@ class ModelBook:
         rec.wake_failed_at, rec.message = None, f"going to sleep ({reason}): draining"
         return self._commit(rec)
 
-    def doze(self, model_id: str, version: int) -> Change:
+    def doze(self, model_id: str, version: int, warm: bool = False) -> Change:
         """Its drained engines can sleep in place (vLLM sleep mode): level 1 when the host RAM of
         every replica's node can hold its weights (reserved there now, before they move), else
-        level 2 (weights discarded, nothing held). Its device memory stays reserved until ``dozed``."""
+        level 2 (weights discarded, nothing held). ``warm``: they have no sleep mode; vLLM stops in
+        their kept processes (nothing moves to host RAM). Its device memory stays reserved until ``dozed``."""
         rec = self._current(model_id, "doze", version, (ModelStatus.SLEEPING,))
         if not rec.resident or rec.sleep_mode is not None:
             raise TransitionError(f"doze: {model_id!r} is not a drained, resident model deciding how to sleep")
+        if warm:
+            rec.sleep_mode = SleepMode.WARM
+            rec.message = "going to sleep warm: vLLM stops, its replicas' processes stay for the next wake"
+            return self._commit(rec)
         live = rec.live_replicas
         host = [Reservation.on_host(model_id, rp) for rp in live]
         try:
@@ -461,12 +467,24 @@ class ModelBook:
         self.ledger.activate(model_id)  # level 1: its weights are in host RAM now
         for r in devices:
             if r.replica in live:
-                self.ledger.doze(r.key, asleep_residual(live[r.replica], (residuals or {}).get(r.replica)))
+                self.ledger.doze(r.key, asleep_residual(live[r.replica], (residuals or {}).get(r.replica),
+                                                        rec.sleep_mode is SleepMode.WARM))
         rec.resident, rec.drift = False, {}
         assert rec.sleep_mode is not None  # sleeps_in_place: it has one
         rec.message = (f"sleeping ({rec.sleep_mode.value}): {rec.sleep_reason}; "  # since when: slept_at, a machine field
                        "the next request wakes it in place")
         return self._commit(rec, forgotten=forgotten)
+
+    def cool(self, model_id: str, version: int, reason: str) -> Change:
+        """A model asleep warm must stop its kept processes (``reason``: who needs what they hold); the
+        reconciler parks it, which releases their memory. Idempotent."""
+        rec = self._current(model_id, "cool", version, (ModelStatus.SLEEPING,))
+        if rec.resident or rec.sleep_mode is not SleepMode.WARM:
+            raise TransitionError(f"cool: {model_id!r} is not asleep warm")
+        if rec.cooling:
+            return self._same(rec)
+        rec.cooling, rec.message = reason, f"sleeping (warm): its processes stop ({reason})"
+        return self._commit(rec)
 
     def parked(self, model_id: str, now: float) -> Change:
         """Its engines are gone: release what they held, host RAM included. Idempotent."""
@@ -475,7 +493,7 @@ class ModelBook:
             return self._same(rec)
         forgotten = [r.key for r in self.ledger.release(model_id)]
         rec.resident, rec.lost_replicas, rec.healing_replicas, rec.retiring, rec.drift = False, {}, [], [], {}
-        rec.sleep_mode, rec.wake_placed = SleepMode.PARKED, False
+        rec.sleep_mode, rec.wake_placed, rec.cooling = SleepMode.PARKED, False, ""
         if rec.status is ModelStatus.SLEEPING:
             rec.message = f"sleeping (parked): {rec.sleep_reason}; the next request wakes it"
         else:
@@ -494,8 +512,10 @@ class ModelBook:
         rec = rec.model_copy(deep=True)
         rec.status, rec.wake_requested_at, rec.starting_since = ModelStatus.WAKING, now, now
         rec.wake_evicted, rec.wake_placement_s, rec.wake_failed_at, rec.wake_placed = [], 0.0, None, False
+        rec.cooling = ""  # its kept processes serve again: whoever wanted them stopped makes room anew
         rec.message = ("waking: it had not gone to sleep yet" if rec.resident else
                        "waking: placing its replicas" if rec.sleep_mode is SleepMode.PARKED else
+                       "waking: starting vLLM again in its kept processes" if rec.sleep_mode is SleepMode.WARM else
                        "waking: taking its memory back in place")
         return self._commit(rec)
 
@@ -540,7 +560,8 @@ class ModelBook:
             forgotten = self._release([r.key for r in devices if r.replica not in live])
             for r in devices:
                 if r.replica in live and r.state is not ReservationState.ASLEEP:
-                    kept = r.residual_bytes if r.state is ReservationState.WAKING else asleep_residual(live[r.replica])
+                    kept = r.residual_bytes if r.state is ReservationState.WAKING else \
+                        asleep_residual(live[r.replica], warm=rec.sleep_mode is SleepMode.WARM)
                     self.ledger.doze(r.key, kept)
         else:
             forgotten = [r.key for r in self.ledger.release(model_id)]
@@ -693,7 +714,8 @@ class ModelBook:
                 for rp in rec.live_replicas:
                     key = names.replica_key(rec.model_id, rp.index)
                     r = Reservation.for_replica(rec.model_id, rp, measured.get(key))
-                    r.state, r.residual_bytes = ReservationState.ASLEEP, residual.get(key, asleep_residual(rp))
+                    r.state, r.residual_bytes = ReservationState.ASLEEP, residual.get(
+                        key, asleep_residual(rp, warm=rec.sleep_mode is SleepMode.WARM))
                     self.ledger.reservations[r.key] = r
             if not rec.holds_memory:
                 continue

@@ -140,6 +140,9 @@ class SleepMode(str, Enum):
     LEVEL1 = "level1"  # vLLM sleep level 1: weights copied to the node's host RAM (reserved there), KV freed
     LEVEL2 = "level2"  # vLLM sleep level 2: weights and KV discarded; a wake reloads the weights
     PARKED = "parked"  # engine deployment removed, reservation released (vLLM sleep mode not available)
+    # no sleep mode, but the replica's process is kept: vLLM's engine stopped (its memory freed), Python and
+    # vLLM's imports kept; waking starts vLLM again in it (issue 27: no Serve scheduling, no new process)
+    WARM = "warm"
 
     @property
     def keeps_engine(self) -> bool:
@@ -163,9 +166,12 @@ class Residency(str, Enum):
     DOZING_LEVEL2 = "dozing_level2"
     ASLEEP_LEVEL1 = "asleep_level1"  # engines asleep in place, devices free but their residual, weights in booked host RAM
     ASLEEP_LEVEL2 = "asleep_level2"  # engines asleep in place, devices free but their residual, weights discarded
+    DOZING_WARM = "dozing_warm"  # drained, its vLLM stopping in a kept process: devices booked
+    ASLEEP_WARM = "asleep_warm"  # vLLM stopped, the replica's process kept: devices free but what the process holds
     PARKED = "parked"  # no engine, nothing booked (the plan is kept)
     PLACED_LEVEL1 = "placed_level1"  # a wake booked its devices again: engines wake in place from level 1
     PLACED_LEVEL2 = "placed_level2"  # the same from level 2
+    PLACED_WARM = "placed_warm"  # the same for kept processes: vLLM starts again in them
     PLACED = "placed"  # a wake placed a parked model anew: its new plan's devices booked, engines start
     NONE = "none"  # nothing booked and nothing asleep (destroyed)
 
@@ -177,6 +183,9 @@ _RESIDENCY: Final[dict[tuple[bool, SleepMode | None, bool], Residency]] = {
     (True, SleepMode.LEVEL2, False): Residency.DOZING_LEVEL2,
     (False, SleepMode.LEVEL1, False): Residency.ASLEEP_LEVEL1,
     (False, SleepMode.LEVEL2, False): Residency.ASLEEP_LEVEL2,
+    (True, SleepMode.WARM, False): Residency.DOZING_WARM,
+    (False, SleepMode.WARM, False): Residency.ASLEEP_WARM,
+    (True, SleepMode.WARM, True): Residency.PLACED_WARM,
     (False, SleepMode.PARKED, False): Residency.PARKED,
     (True, SleepMode.LEVEL1, True): Residency.PLACED_LEVEL1,
     (True, SleepMode.LEVEL2, True): Residency.PLACED_LEVEL2,
@@ -215,7 +224,7 @@ class IllegalState(ValueError):
 
 def _legal_table() -> frozenset[ModelState]:
     S, R, W = ModelStatus, Residency, ReplicaChange
-    in_place = (R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2)
+    in_place = (R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2, R.DOZING_WARM, R.ASLEEP_WARM)
     asleep = (R.RESIDENT, *in_place, R.PARKED)  # sleep drains, doze, dozed, parked, wake_failed
     serving = {(R.RESIDENT, W.NONE), (R.RESIDENT, W.RETIRING)}  # retire; retired
     # phase -> the (residency, replicas) it may hold, read from the transitions (core/state/book.py)
@@ -227,7 +236,7 @@ def _legal_table() -> frozenset[ModelState]:
         S.SCALING: {(R.RESIDENT, W.STARTING)},  # scale_up only while nothing retires
         S.FAILED: {(R.RESIDENT, W.NONE)},  # fail releases its bookings but leaves the flags as deploying had them
         S.SLEEPING: {(r, W.NONE) for r in asleep},  # sleep ends a pending retire; parked any start
-        S.WAKING: {(r, W.NONE) for r in (*asleep, R.PLACED_LEVEL1, R.PLACED_LEVEL2, R.PLACED)},  # wake, placed
+        S.WAKING: {(r, W.NONE) for r in (*asleep, R.PLACED_LEVEL1, R.PLACED_LEVEL2, R.PLACED_WARM, R.PLACED)},  # wake, placed
         S.DESTROYED: {(R.NONE, W.NONE), (R.NONE, W.RETIRING)},  # deleted keeps a retire pending at destroy
     }
     legal = {ModelState(phase=p, residency=r, replicas=w, destroy=p is S.DESTROYED)
@@ -290,6 +299,7 @@ class ModelRecord(BaseModel):
     sleep_mode: SleepMode | None = None  # how it sleeps (set while sleeping or waking)
     slept_at: float | None = None
     sleep_reason: str = ""
+    cooling: str = ""  # asleep warm: why its kept processes are being stopped (another model needs the room)
     last_request_at: float | None = None  # as the engines last reported it (kept while parked)
     wake_requested_at: float | None = None
     wake_placement_s: float = 0.0
@@ -378,8 +388,13 @@ class ModelRecord(BaseModel):
         return [rp for rp in self.plan.replicas if names.replica_label(rp.index) not in self.lost_replicas]
 
     @property
+    def releasing(self) -> bool:
+        """It still holds memory another model waits for: draining or dozing, or kept processes stopping."""
+        return self.resident or bool(self.cooling)
+
+    @property
     def sleeps_in_place(self) -> bool:
-        """Its engines stay on their devices while it sleeps (vLLM sleep level 1 or 2)."""
+        """Its engines stay on their devices while it sleeps (vLLM sleep level 1 or 2, or warm)."""
         return self.sleep_mode is not None and self.sleep_mode.keeps_engine
 
     @property

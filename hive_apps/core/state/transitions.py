@@ -105,7 +105,16 @@ class Sleep(Versioned):
 
 
 class Doze(Versioned):
-    pass
+    """Its drained engines can sleep in place; ``warm``: they have no sleep mode, but their processes
+    stay with vLLM stopped in them (``SleepMode.WARM``)."""
+
+    warm: bool = False
+
+
+class Cool(Versioned):
+    """Stop the kept processes of a model asleep warm: another model needs what they hold."""
+
+    reason: str
 
 
 class Dozed(Versioned):
@@ -195,6 +204,7 @@ RULES: dict[type[Transition], Rule] = {
     Sleep: Rule("sleep", takes_now=True),
     Doze: Rule("doze", needs_sample=True),  # level 1 books host RAM, known once the nodes were sampled
     Dozed: Rule("dozed", takes_now=True),
+    Cool: Rule("cool"),
     Parked: Rule("parked", takes_now=True),
     Wake: Rule("wake", takes_now=True),
     Placed: Rule("placed", takes_now=True, needs_sample=True),

@@ -157,6 +157,7 @@ class EngineBase:
         self.settings = settings or get_settings()
         self.publisher = publisher or Publisher()
         self.sleep_level = 0  # 0: awake; 1 or 2 while it sleeps in place
+        self.resting = False  # asleep warm: the engine stopped, this process kept (``rest``)
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time (a new admin may ask again)
         self.use_start_lock = True  # sleeps and wakes take the devices' start lock (serving/engine/start_lock.py)
         self.footprint_bytes: int | None = None  # what its start added per device (NVML under the start lock)
@@ -326,10 +327,32 @@ class EngineBase:
                     raise EngineStartError(f"sampled warm-up request failed with HTTP {status}: {body}")
         return time.perf_counter() - t0
 
-    # --- sleeping in place (vLLM sleep mode) --------------------------------------------
+    # --- sleeping in place (vLLM sleep mode), or warm (the engine stopped, this process kept) ---------
     def can_sleep(self) -> bool:
         """Whether this engine can sleep in place; otherwise the admin parks it (removes it)."""
         return False
+
+    def can_rest(self) -> bool:
+        """Whether it can sleep warm (``rest``) where it cannot sleep in place."""
+        return False
+
+    async def _rest(self) -> None:
+        raise NotImplementedError
+
+    async def _restart(self) -> float:
+        """Start the engine again in this process, warm-up included; the warm-up's seconds."""
+        raise NotImplementedError
+
+    def _process_bytes(self) -> dict[str, int]:
+        """What this process and its children hold in host RAM now, on each of the replica's CPU devices."""
+        import psutil
+
+        me = psutil.Process()
+        rss = me.memory_info().rss
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                rss += child.memory_info().rss
+        return {dev: rss for dev in self.replica.devices}
 
     async def _sleep(self, level: int) -> None:
         raise NotImplementedError
@@ -379,17 +402,49 @@ class EngineBase:
                 self.sleep_level = level
         return SleepReport(sleep_s=time.perf_counter() - t0, residual_bytes=self.residual_bytes)
 
+    async def rest(self) -> SleepReport:
+        """Sleep warm: stop the engine and free all it held, keep this process (its imports) for the
+        next wake, and say what the process still holds (on a GPU, NVML's view; on a CPU node, the
+        process's own). The admin drained the replica first. Idempotent."""
+        if not self.can_rest():
+            raise RuntimeError("this engine cannot sleep warm (HIVE_WARM_PARK=0, or it has vLLM's sleep mode)")
+        t0 = time.perf_counter()
+        async with self._sleep_lock:
+            if not self.resting:
+                async with self._in_place("rest"):
+                    before = self._devices_used()
+                    if self.http is not None:  # a new port comes with the new engine
+                        await self.http.stop()
+                        self.http = None
+                    await self._rest()
+                    self._entry = None
+                    if self._adapters is not None:
+                        self._adapters.dropped_by_engine()
+                    self.resting = True
+                    self.residual_bytes = self._residual(before) if self.replica.device_kind.is_gpu \
+                        else self._process_bytes()
+        log.info("%s/r%d asleep warm in %.2fs: the process keeps %s", self.model_id, self.replica.index,
+                 time.perf_counter() - t0, self.residual_bytes)
+        return SleepReport(sleep_s=time.perf_counter() - t0, residual_bytes=self.residual_bytes)
+
     async def wake_up(self) -> dict[str, float]:
         """Take the device memory back, warm up, and check that the model answers as it did before
-        it slept; an engine that answers otherwise must be restarted. Idempotent."""
+        it slept; an engine that answers otherwise must be restarted. Asleep warm: start the engine
+        again in this process (a fresh start, fingerprinted anew). Idempotent."""
         async with self._sleep_lock:
             t0 = time.perf_counter()
-            if self.sleep_level:
+            warm_up_s: float | None = None
+            if self.resting:
+                warm_up_s = await self._restart()  # under the devices' start lock, as a first start
+                self.resting, self.residual_bytes = False, None
+                await self.start_http()
+            elif self.sleep_level:
                 async with self._in_place("wake"):
                     await self._wake_up()
                 self.sleep_level, self.residual_bytes = 0, None
-            wake_s = time.perf_counter() - t0
-            warm_up_s = await self.warm_up()
+            wake_s = time.perf_counter() - t0 - (warm_up_s or 0.0)
+            if warm_up_s is None:
+                warm_up_s = await self.warm_up()
         if not same_answer(self.answer, self.last_answer):
             raise EngineStartError(f"after waking, {self.model_id}/r{self.replica.index} answers the warm-up "
                                    f"differently than before it slept (its weights did not come back intact)")
@@ -402,5 +457,5 @@ class EngineBase:
         adapters = self._adapters.view() if self._adapters is not None else None
         return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
                 "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
-                "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None),
+                "can_rest": self.can_rest(), "resting": self.resting, "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None),
                 "adapters": adapters}

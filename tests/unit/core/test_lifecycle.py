@@ -313,6 +313,76 @@ async def test_a_doze_before_the_first_sample_waits_for_it_and_sleeps_at_level_1
     assert "m/r0@host" in life.reserved("m")
 
 
+# --- asleep warm (no sleep mode: vLLM stops, the replica's process stays; issue 27) ----------------
+async def warm(hive: Hive, model_id: str, residual: dict[str, int] | None = None, **spec):
+    """A ready model whose engine has no sleep mode but keeps its process, put to sleep by its timeout."""
+    hive.cluster.sleepy[(model_id, 0)] = FakeSleep(residual=residual, warm=True)
+    rec = await ready(hive, model_id, sleep_timeout=5, **spec)
+    idle_for(hive, model_id, 6)
+    assert model_id in await hive.lifecycle.tick(await hive.registry.list_models())
+    return rec, await hive.settle(model_id)
+
+
+async def test_an_engine_without_sleep_mode_sleeps_warm_and_wakes_in_its_kept_process(life):
+    before, rec = await warm(life, "m", residual={"node-a:gpu0": 300 * MIB})
+    assert rec.status is ModelStatus.SLEEPING and rec.sleep_mode is SleepMode.WARM and not rec.resident
+    assert life.cluster.sleepy[("m", 0)].calls == ["rest"]
+    assert life.cluster.apps["m"].builds == 1 and life.cluster.apps["m"].plan.replicas  # the replica stays
+    held = life.reserved("m")
+    assert set(held) == {"m/r0"}, "nothing moves to host RAM"
+    assert held["m/r0"].state is ReservationState.ASLEEP and held["m/r0"].held_bytes == 300 * MIB
+    gpu = (await life.registry.device_states())[0]
+    assert gpu.reserved_bytes == 300 * MIB and gpu.dormant == ["m/r0"]
+
+    await life.registry.transition(t.Wake(model_id="m"))
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.resident and rec.sleep_mode is None
+    assert life.cluster.sleepy[("m", 0)].calls == ["rest", "wake_warm"] and life.cluster.apps["m"].builds == 1
+    assert rec.last_wake.how is SleepMode.WARM and rec.last_wake.engine_start_s == 12.0
+    assert life.reserved("m")["m/r0"].state is ReservationState.ACTIVE and rec.plan == before.plan
+
+
+async def test_a_warm_wake_that_fails_starts_the_model_cold(life):
+    """Its kept process died (or vLLM would not start in it): parked, then placed and started anew."""
+    await warm(life, "m")
+    life.cluster.sleepy[("m", 0)].corrupt = True
+    await life.registry.transition(t.Wake(model_id="m"))
+    rec = await life.settle("m")
+    assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED
+    assert life.cluster.apps["m"].builds == 3 and set(life.reserved("m")) == {"m/r0"}
+
+
+async def test_kept_processes_are_stopped_before_anyone_is_evicted_to_make_room(life):
+    """m sleeps warm keeping R on the card; "new" wakes and fits only without R: m's process is
+    stopped (parked: nothing booked), and "awake", which could be put to sleep, stays."""
+    awake = await ready(life, "awake", sleep_timeout=10**6, vllm_kwargs={"kv_cache_memory_bytes": 2**30})
+    new = await ready(life, "new", sleep_timeout=5, **BIG)
+    idle_for(life, "new", 6)
+    assert await life.lifecycle.tick(await life.registry.list_models()) == ["new"]
+    assert (await life.settle("new")).sleep_mode is SleepMode.PARKED  # the sim engine on a GPU without sleep mode
+    f = new.plan.replicas[0].reservation_bytes
+    budget = int(0.9 * (await life.registry.device_states())[0].total_bytes)
+    r = budget - awake.plan.replicas[0].reservation_bytes - f + 2**30  # beside R, new does not fit
+    await warm(life, "m", residual={"node-a:gpu0": r}, **BIG)
+    assert (await life.registry.device_states())[0].available_bytes < f
+
+    await life.registry.transition(t.Wake(model_id="new"))
+    rec = await life.settle("new")
+    assert rec.status is ModelStatus.READY and rec.last_wake.evicted == [] and rec.plan.replicas[0].devices == ["node-a:gpu0"]
+    m = await life.registry.get_model("m")
+    assert m.status is ModelStatus.SLEEPING and m.sleep_mode is SleepMode.PARKED and not m.cooling
+    assert life.reserved("m") == {} and life.cluster.apps["m"].plan.replicas == []
+    assert (await life.registry.get_model("awake")).status is ModelStatus.READY, "nobody awake was evicted"
+
+
+async def test_a_restarted_registry_keeps_what_a_warm_process_holds(life):
+    await warm(life, "m", residual={"node-a:gpu0": 700 * MIB})
+    await life.start_registry()
+    await life.sample()
+    kept = life.reserved("m")["m/r0"]
+    assert kept.state is ReservationState.ASLEEP and kept.held_bytes == 700 * MIB and set(life.reserved("m")) == {"m/r0"}
+
+
 async def test_a_model_with_requests_in_flight_never_sleeps(life):
     await ready(life, "m", sleep_timeout=5)
     idle_for(life, "m", 600, in_flight=1)

@@ -129,7 +129,7 @@ ALL = [state(*c) for c in itertools.product(S, R, W, (False, True))]
 
 
 def test_the_table_holds_only_states_the_enums_can_make():
-    assert LEGAL < set(ALL) and len(LEGAL) == 47  # of 800
+    assert LEGAL < set(ALL) and len(LEGAL) == 57  # of 1040 (asleep warm: 10 of them)
     assert all(s.legal for s in LEGAL)
 
 
@@ -168,14 +168,16 @@ def test_what_the_table_says():
                 s.replicas in (W.STARTING, W.STARTING_AND_RETIRING)]
     assert state(S.SCALING, replicas=W.STARTING_AND_RETIRING) not in LEGAL  # scale_up waits for a retire to end
     assert {s.residency for s in LEGAL if s.phase is S.SLEEPING} == {
-        R.RESIDENT, R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2, R.PARKED}
+        R.RESIDENT, R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2, R.DOZING_WARM, R.ASLEEP_WARM,
+        R.PARKED}
     assert {s.residency for s in LEGAL if s.phase is S.WAKING} == set(R) - {R.NONE}
     assert {s.replicas for s in LEGAL if s.phase in (S.SLEEPING, S.WAKING)} == {W.NONE}
     assert {s for s in LEGAL if s.phase is S.DESTROYED} == {state(S.DESTROYED, R.NONE, W.NONE, True),
                                                            state(S.DESTROYED, R.NONE, W.RETIRING, True)}
     assert {s.phase for s in LEGAL if s.destroy} == {S.DELETING, S.DESTROYED}
     assert {s.residency for s in LEGAL if s.phase is S.DELETING and s.destroy} == {
-        R.RESIDENT, R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2, R.PARKED}
+        R.RESIDENT, R.DOZING_LEVEL1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL1, R.ASLEEP_LEVEL2, R.DOZING_WARM, R.ASLEEP_WARM,
+        R.PARKED}
     assert {s.residency for s in LEGAL if s.phase is S.DELETING} == set(R)  # delete wins over anything
 
 
@@ -217,17 +219,18 @@ def test_a_failed_deploy_and_a_deploy_again():
     assert w.deploy() == state(S.DEPLOYING)
 
 
-@pytest.mark.parametrize(("host_gib", "dozing", "asleep", "placed"), [
-    (64, R.DOZING_LEVEL1, R.ASLEEP_LEVEL1, R.PLACED_LEVEL1),
-    (1, R.DOZING_LEVEL2, R.ASLEEP_LEVEL2, R.PLACED_LEVEL2),  # no host RAM for the weights: level 2
+@pytest.mark.parametrize(("host_gib", "warm", "dozing", "asleep", "placed"), [
+    (64, False, R.DOZING_LEVEL1, R.ASLEEP_LEVEL1, R.PLACED_LEVEL1),
+    (1, False, R.DOZING_LEVEL2, R.ASLEEP_LEVEL2, R.PLACED_LEVEL2),  # no host RAM for the weights: level 2
+    (64, True, R.DOZING_WARM, R.ASLEEP_WARM, R.PLACED_WARM),  # no sleep mode: vLLM stops, the process stays
 ])
-def test_sleep_in_place_and_wake(host_gib, dozing, asleep, placed):
+def test_sleep_in_place_and_wake(host_gib, warm, dozing, asleep, placed):
     w = World(host_gib)
     w.deploy()
     w.up()
     w.book.sleep("m", w.v, "idle", w.tick())
     assert w.rec.state == state(S.SLEEPING)
-    w.book.doze("m", w.v)
+    w.book.doze("m", w.v, warm=warm)
     assert w.rec.state == state(S.SLEEPING, dozing)
     w.book.dozed("m", w.v, w.tick())
     assert w.rec.state == state(S.SLEEPING, asleep)
@@ -270,6 +273,26 @@ def test_park_and_wake_elsewhere():
     assert w.place(replica(0, "b", 1)) == state(S.WAKING, R.PLACED)
     w.book.delete("m")
     assert w.rec.state == state(S.DELETING, R.PLACED)
+
+
+def test_a_warm_sleeper_cools_into_parked_and_a_wake_ends_the_cooling():
+    w = World()
+    w.deploy()
+    w.up()
+    w.book.sleep("m", w.v, "idle", w.tick())
+    w.book.doze("m", w.v, warm=True)
+    with pytest.raises(TransitionError):
+        w.book.cool("m", w.v, "room")  # still resident (dozing): its process is not kept yet
+    w.book.dozed("m", w.v, w.tick())
+    w.book.cool("m", w.v, "making room for n")
+    assert w.rec.state == state(S.SLEEPING, R.ASLEEP_WARM) and w.rec.releasing
+    w.book.wake("m", w.tick())
+    assert w.rec.state == state(S.WAKING, R.ASLEEP_WARM) and not w.rec.cooling
+    w.book.wake_failed("m", w.v, "no", w.tick())
+    w.book.cool("m", w.v, "making room for n")
+    w.book.parked("m", w.tick())
+    assert w.rec.state == state(S.SLEEPING, R.PARKED) and not w.rec.cooling and not w.rec.releasing
+    assert w.book.ledger.of_model("m") == []
 
 
 def test_destroy_a_sleeper():
@@ -351,7 +374,9 @@ STEPS = {
     "sleep": lambda w: w.book.sleep("m", w.v, "idle", w.tick()),
     "doze": lambda w: w.book.doze("m", w.v),
     "doze, no host RAM to spare": _doze_level2,
+    "doze, warm": lambda w: w.book.doze("m", w.v, warm=True),
     "dozed": lambda w: w.book.dozed("m", w.v, w.tick()),
+    "cool": lambda w: w.book.cool("m", w.v, "room"),
     "parked": lambda w: w.book.parked("m", w.tick()),
     "wake": lambda w: w.book.wake("m", w.tick()),
     "placed": lambda w: w.place(replica(0, "c"), replica(1, "c", 1)),

@@ -73,7 +73,7 @@ S = ModelStatus
 STARTS = {
     "create": ENDED, "applied": STARTING, "started": STARTING, "fail": (S.DEPLOYING,), "heal": (S.DEGRADED,),
     "heal_failed": (S.HEALING,), "note": tuple(S), "delete": tuple(S), "deleted": (S.DELETING,),
-    "sleep": (S.READY, S.DEGRADED), "doze": (S.SLEEPING,), "dozed": (S.SLEEPING,), "parked": DORMANT,
+    "sleep": (S.READY, S.DEGRADED), "doze": (S.SLEEPING,), "dozed": (S.SLEEPING,), "cool": (S.SLEEPING,), "parked": DORMANT,
     "wake": (S.SLEEPING,), "placed": (S.WAKING,), "wake_failed": (S.WAKING,),
     "destroy": (S.READY, S.DEGRADED, S.SLEEPING), "scale_up": (S.READY,), "scale_failed": (S.SCALING,),
     "retire": (S.READY,), "retired": (S.READY, S.DEGRADED),
@@ -269,8 +269,12 @@ class Transitions(RuleBasedStateMachine):
                                          last_request_at=self.now - 5 if last else None), stale)
 
     def t_doze(self, model_id, data):
+        stale, warm = data.draw(stale_st), data.draw(st.booleans())
+        self._do(lambda: self.book.doze(model_id, self._version(model_id, stale), warm=warm), stale)
+
+    def t_cool(self, model_id, data):
         stale = data.draw(stale_st)
-        self._do(lambda: self.book.doze(model_id, self._version(model_id, stale)), stale)
+        self._do(lambda: self.book.cool(model_id, self._version(model_id, stale), "making room"), stale)
 
     def t_dozed(self, model_id, data):
         stale = data.draw(stale_st)
@@ -364,7 +368,7 @@ class Transitions(RuleBasedStateMachine):
         if rec.status is S.SLEEPING:
             if rec.resident:
                 return ["doze"] * 3 + ["parked", "wake"] if rec.sleep_mode is None else ["dozed"] * 3 + ["wake"]
-            return ["wake"] * 3 + ["destroy", "parked"]
+            return ["wake"] * 3 + ["destroy", "parked", "cool"]
         if rec.status is S.DELETING:
             return ["deleted"]
         serving = ["sleep", "sleep", "scale_up", "retire", "retired", "destroy", "note"]
@@ -432,6 +436,10 @@ class Transitions(RuleBasedStateMachine):
     @rule(data=st.data())
     def dozed(self, data):
         self._run("dozed", data)
+
+    @rule(data=st.data())
+    def cool(self, data):
+        self._run("cool", data)
 
     @rule(data=st.data())
     def parked(self, data):
