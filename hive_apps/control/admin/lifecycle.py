@@ -283,6 +283,12 @@ class Lifecycle(ControlPlane):
             return sleep_residual_bytes(rp)
         return warm_residual_bytes(rp) if self.settings.warm_park and engine == EngineKind.VLLM else 0
 
+    async def fits_in_place_now(self, model_id: str, plan: Plan) -> bool:
+        """Whether the engines of a model asleep on their devices can take their memory back there
+        now, putting nobody to sleep (what they hold asleep is booked already)."""
+        devices = with_freed(await self.registry.capacities.remote(), await self._held_by([model_id]))
+        return fits_in_place(plan, devices).plan is not None
+
     async def make_room(self, spec: ModelSpec, waiting_since: float | None = None, as_asked: bool = False,
                         in_place: Plan | None = None, weights: Manifest | None = None) -> Room:
         """Plan ``spec``; when its memory is taken, put the cheapest evictable models to sleep.

@@ -322,6 +322,13 @@ class Reconciler(ControlPlane):
             log.info("%s: replicas %s were lost while it slept; starting it again", rec.model_id, sorted(rec.lost_replicas))
             await self._park(rec)
             return 0.0
+        if rec.sleep_mode is SleepMode.WARM and not await self.lifecycle.fits_in_place_now(rec.model_id, rec.plan):
+            # its kept processes save one process start (seconds), less than waiting for room made on
+            # their devices: placed anew, as a parked model is (benchmarks/RESULTS_lifecycle.md)
+            log.info("%s: no room on the devices its processes are kept on; starting it where there is room",
+                     rec.model_id)
+            await self._park(rec)
+            return 0.0
         bounds = rec.spec.replica_bounds
         spec = rec.spec if bounds is None or rec.sleeps_in_place else rec.spec.model_copy(update={"replicas": bounds[0]})
         room = await self.lifecycle.make_room(spec, rec.wake_requested_at, in_place=rec.plan if rec.sleeps_in_place else None,

@@ -105,6 +105,7 @@ def restore_node_environment() -> list[str]:
 # the kernel for AMX state (oneDNN does that on its first large matmul). Reproduced with plain
 # ``vllm.LLM`` and "hello"; a long first prompt makes every later request safe.
 WARM_UP_PROMPT = "A hive of bees is ready to serve. " * 6
+REGISTRY_ASK_S = 10.0  # a starting engine asks the registry whether its model sleeps warm
 WARM_UP_TOKENS = 4  # greedy: its answer is the engine's fingerprint, checked again after a wake
 # The first warm-up also samples (temperature, top-p, top-k): on CUDA vLLM 0.32 samples top-k/top-p
 # with FlashInfer kernels, built or loaded on first use; a greedy warm-up never reaches them, so the
@@ -174,7 +175,7 @@ class EngineBase:
         # a Hub or S3 adapter's files onto this node: its FetchProgress (tests replace it; None: this
         # node's fetcher actor, through the cluster seam)
         self.node_fetch: Callable[[Manifest], FetchProgress] | None = None
-        self._fetch_seam: Any = None
+        self._seam: Any = None  # the cluster seam (``_cluster``)
 
     def count_tokens(self, prompt: int, generated: int) -> None:
         """Tokens this replica's engine processed (``hive_tokens``)."""
@@ -241,12 +242,33 @@ class EngineBase:
         except Exception as e:  # a cache entry gone meanwhile
             raise AdapterLoadError(500, f"the adapter's files in this node's cache: {e}") from None
 
-    def _fetch_on_node(self, manifest: Manifest) -> FetchProgress:
+    def _cluster(self) -> Any:
+        """The cluster seam, in the hive's namespace (the fetchers live there; this process's may be none)."""
         from hive_apps.control.cluster import RayCluster
 
-        cluster = self._fetch_seam
-        if cluster is None:  # the fetchers live in the hive's namespace (this process's seam may have none)
-            cluster = self._fetch_seam = RayCluster(namespace=self.settings.state_namespace)
+        if self._seam is None:
+            self._seam = RayCluster(namespace=self.settings.state_namespace)
+        return self._seam
+
+    async def asleep_warm_now(self) -> bool:
+        """Whether the registry says this replica's model sleeps warm: a replica Serve starts again
+        (its kept process died) then comes up as a kept process without its engine, since starting
+        the engine would take memory nobody booked. Unknown (no registry answer) is False: a start."""
+        from hive_apps.core import names
+        from hive_apps.core.state.records import ModelStatus, SleepMode
+
+        try:
+            registry = self._cluster().app_handle(names.REGISTRY_APP)
+            rec = await asyncio.wait_for(registry.get_model.remote(self.model_id), REGISTRY_ASK_S)
+        except Exception as e:
+            log.info("%s/r%d: the registry did not say whether the model sleeps (%s); starting", self.model_id,
+                     self.replica.index, e)
+            return False
+        return rec is not None and rec.status is ModelStatus.SLEEPING and not rec.resident \
+            and rec.sleep_mode is SleepMode.WARM
+
+    def _fetch_on_node(self, manifest: Manifest) -> FetchProgress:
+        cluster = self._cluster()
         node = self.replica.node_id
         keep = {e.key for e in cluster.fetcher_call(node, "entries")}  # an adapter makes room by evicting nothing
         return cluster.fetcher_call(node, "ensure", manifest, keep)

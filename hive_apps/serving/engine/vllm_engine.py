@@ -154,6 +154,14 @@ class VLLMEngine(EngineBase):
         self.tracker.on_tokens = self.count_tokens
         self.loaded: list[dict[str, Any]] | None = None  # per rank: weights and CUDA-graph bytes (read_loaded)
         self.loaded_drift: dict[str, str] = {}
+        self.engine_start_s: float | None = None
+        self.warm_up_s: float | None = None
+        if self.can_rest() and await self.asleep_warm_now():
+            self.engine, self.app, self.resting = None, None, True
+            self.residual_bytes = self._process_bytes()
+            log.info("engine %s/r%d: its model sleeps warm; kept without its engine until a wake", model_id,
+                     replica.index)
+            return
         await self._start()
         # benchmarks/bench_vs_vllm.py reads this line to split a deploy into its phases.
         log.info("engine %s/r%d ready: constructor at %.3f, vLLM start %.1fs, first request %.2fs",
@@ -213,7 +221,7 @@ class VLLMEngine(EngineBase):
         await self._start()
         log.info("engine %s/r%d started again in its kept process: vLLM start %.1fs, first request %.2fs",
                  self.model_id, self.replica.index, self.engine_start_s, self.warm_up_s)
-        return self.warm_up_s
+        return self.warm_up_s or 0.0
 
     async def check_devices(self, ours: bool) -> None:
         """On CUDA, the GPUs vLLM's workers opened must be the planned ones, else the start fails

@@ -375,6 +375,24 @@ async def test_kept_processes_are_stopped_before_anyone_is_evicted_to_make_room(
     assert (await life.registry.get_model("awake")).status is ModelStatus.READY, "nobody awake was evicted"
 
 
+async def test_a_warm_model_whose_card_is_full_starts_where_there_is_room_evicting_nobody():
+    """Its kept process saves one process start, less than waiting for room made on its card: it is
+    placed anew (cold) on the free card, and the sleepable model on its own card stays."""
+    h = await life_on("L4.L4")
+    try:
+        before, _ = await warm(h, "m", **BIG)  # (on gpu0, the first of two equal cards)
+        assert before.plan.replicas[0].devices == ["node-a:gpu0"]
+        await ready(h, "other", sleep_timeout=600, gpu="node-a:gpu0", **BIG)
+        await h.registry.transition(t.Wake(model_id="m"))
+        rec = await h.settle("m")
+        assert rec.status is ModelStatus.READY and rec.last_wake.how is SleepMode.PARKED
+        assert rec.plan.replicas[0].devices == ["node-a:gpu1"] and rec.last_wake.evicted == []
+        assert (await h.registry.get_model("other")).status is ModelStatus.READY
+        assert h.cluster.sleepy[("m", 0)].calls == ["rest"], "its kept process was not woken"
+    finally:
+        set_cluster(None)
+
+
 async def test_a_restarted_registry_keeps_what_a_warm_process_holds(life):
     await warm(life, "m", residual={"node-a:gpu0": 700 * MIB})
     await life.start_registry()
