@@ -68,6 +68,7 @@ class HiveSettings(BaseSettings):
     hold_timeout_s: float = Field(300.0, gt=0, description="Longest a request waits for a sleeping model to wake; then 503.")
     hold_keepalive_s: float = Field(5.0, gt=0, description="Seconds between SSE comment keep-alives sent to a streaming client that waits for a wake.")
     drain_grace_s: float = Field(30.0, ge=0, description="Longest a replica that is put to sleep or deleted waits for its in-flight requests.")
+    read_ahead: bool = Field(True, description="A starting vLLM engine (a deploy, a wake) first reads its weights into the node's page cache in a thread, while it imports vLLM and waits for its start lock, when the node's available RAM holds what is missing twice over.")
     warm_park: bool = Field(True, description="An engine without vLLM's sleep mode (vLLM on CPU) sleeps warm: vLLM stops in it and frees its memory, the replica's process stays with vLLM imported, and a wake starts vLLM again in it (no Serve scheduling, no new process, no imports). Its process's memory stays booked on its node until another model needs it. Off: such an engine is removed (parked) and its wake is a cold start.")
     min_residency_s: float = Field(60.0, ge=0, description="Cap of the minimum residency: a model that woke is kept its own wake cost, and a model waiting for room honours that its own wake cost, at most this many seconds each.")
     lifecycle_tick_s: float = Field(1.0, gt=0, description="How often the admin reads the activity of models that can sleep or be destroyed.")

@@ -242,6 +242,31 @@ class EngineBase:
         except Exception as e:  # a cache entry gone meanwhile
             raise AdapterLoadError(500, f"the adapter's files in this node's cache: {e}") from None
 
+    def read_weights_ahead(self, folder: str) -> None:
+        """Read the weights into the node's page cache in a thread while this engine imports vLLM,
+        waits for its start lock and starts, so vLLM's own load reads memory (``page_cache``). Only
+        what is not cached yet, and only when the node's available RAM holds it twice over: reading
+        ahead must not push out what others use."""
+        import psutil
+
+        from hive_apps.core.weights.page_cache import cached_bytes, read_through
+
+        try:
+            cached, total = cached_bytes(folder)
+        except OSError as e:
+            log.info("%s/r%d: the page cache of %s is unreadable (%s); no read-ahead", self.model_id,
+                     self.replica.index, folder, e)
+            return
+        missing = total - cached
+        if not missing or 2 * missing > psutil.virtual_memory().available:
+            return
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        reading = loop.run_in_executor(None, read_through, folder)
+        reading.add_done_callback(lambda f: log.info(
+            "%s/r%d: read %.2f GiB of weights ahead in %.1fs", self.model_id, self.replica.index,
+            (f.result() if not f.exception() else 0) / 2**30, time.perf_counter() - began))
+
     def _cluster(self) -> Any:
         """The cluster seam, in the hive's namespace (the fetchers live there; this process's may be none)."""
         from hive_apps.control.cluster import RayCluster

@@ -146,17 +146,19 @@ class VLLMEngine(EngineBase):
         constructed_at = time.time()
         if restore_node_environment():
             log.info("engine %s/r%d: removed Ray's OMP_NUM_THREADS; vLLM sizes its own threads", model_id, replica.index)
-        fit_audio_path()
         self.model_id, self.replica = model_id, replica
-        self.device_uuids: list[str] | None = None  # on CUDA: the GPUs vLLM's workers opened (check_devices)
         self.weights_path = weights_folder(weights, self.settings.weights_cache)
+        if self.settings.read_ahead:
+            self.read_weights_ahead(self.weights_path)  # while vLLM imports and the start lock waits
+        fit_audio_path()
+        self.device_uuids: list[str] | None = None  # on CUDA: the GPUs vLLM's workers opened (check_devices)
         self.tracker = LoadTracker()
         self.tracker.on_tokens = self.count_tokens
         self.loaded: list[dict[str, Any]] | None = None  # per rank: weights and CUDA-graph bytes (read_loaded)
         self.loaded_drift: dict[str, str] = {}
         self.engine_start_s: float | None = None
         self.warm_up_s: float | None = None
-        if self.can_rest() and await self.asleep_warm_now():
+        if await self.asleep_warm_now() and self.can_rest():
             self.engine, self.app, self.resting = None, None, True
             self.residual_bytes = self._process_bytes()
             log.info("engine %s/r%d: its model sleeps warm; kept without its engine until a wake", model_id,
@@ -218,6 +220,8 @@ class VLLMEngine(EngineBase):
 
     async def _restart(self) -> float:
         self.answer = None  # a fresh start reads the weights again: its first answer is the new fingerprint
+        if self.settings.read_ahead:
+            self.read_weights_ahead(self.weights_path)  # while the start lock waits
         await self._start()
         log.info("engine %s/r%d started again in its kept process: vLLM start %.1fs, first request %.2fs",
                  self.model_id, self.replica.index, self.engine_start_s, self.warm_up_s)

@@ -116,3 +116,33 @@ async def test_a_replica_started_again_while_its_model_sleeps_warm_comes_up_with
     e._seam = Seam(record if record is None or isinstance(record, Exception) else SimpleNamespace(**record))
     assert await e.asleep_warm_now() is warm
     await e.http.stop()
+
+
+async def test_a_starting_engine_reads_its_weights_into_the_page_cache_when_the_node_has_room(tmp_path, monkeypatch):
+    import asyncio
+    import os
+    from types import SimpleNamespace
+
+    import psutil
+
+    from hive_apps.core.weights import page_cache
+
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "wb") as f:
+        f.write(os.urandom(16 * 2**20))
+        f.flush()
+        os.fsync(f.fileno())
+    e = await kept()
+    page_cache.drop(tmp_path)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=16 * 2**20))
+    e.read_weights_ahead(str(tmp_path))  # twice what is missing is more than the node has: nothing read
+    await asyncio.sleep(0.3)
+    assert page_cache.cached_bytes(tmp_path)[0] < 2**20
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=8 * 2**30))
+    e.read_weights_ahead(str(tmp_path))
+    for _ in range(50):
+        if page_cache.cached_bytes(tmp_path)[0] == weights.stat().st_size:
+            break
+        await asyncio.sleep(0.1)
+    assert page_cache.cached_bytes(tmp_path) == (weights.stat().st_size,) * 2
+    await e.http.stop()
