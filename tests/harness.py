@@ -9,6 +9,7 @@ every Ray process on the machine.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import tempfile
 import time
@@ -28,10 +29,26 @@ MONITOR_TOKEN = "test-monitor-token"
 SIM_MODEL = str(ROOT / "tests" / "fixtures" / "model_configs" / "Qwen__Qwen3-0.6B")  # a config the planner knows
 
 
+# Ports the tests' hives listen on (proxy, dashboard, edge): outside the kernel's ephemeral range
+# (32768-60999), where Ray's processes and every outgoing connection take ports of their own at any
+# moment, and outside Ray's worker ports (10002-19999); never one handed out before in this run (two
+# port-0 binds in a row may return the same port: the edge once took the proxy's, and a whole tier failed).
+TEST_PORTS = range(20000, 29000)
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for port in random.sample(TEST_PORTS, len(TEST_PORTS)):
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 @dataclass
