@@ -247,8 +247,8 @@ async def run_cell(workload: str, policy: str, load: float, fleet, capacity: flo
     for task in (*tasks, background):
         task.cancel()
     await asyncio.gather(*tasks, background, return_exceptions=True)
-    queries = sum(e.prefix_queries for e in engines)
-    cell.hit_rate = sum(e.prefix_hits for e in engines) / queries if queries else 0.0
+    queries = sum(e.counters.prefix_queries for e in engines)
+    cell.hit_rate = sum(e.counters.prefix_hits for e in engines) / queries if queries else 0.0
     return cell
 
 

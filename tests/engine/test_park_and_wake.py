@@ -9,7 +9,6 @@ imports. Requests that come meanwhile are held, not refused.
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
@@ -42,6 +41,13 @@ def engine_info(model_id: str) -> dict:
     return serve.get_deployment_handle("engine-r0", app_name=model_id).info.remote().result(timeout_s=60)
 
 
+def booked_now(model_id: str) -> list:
+    """The registry's reservations of the model, as it holds them now."""
+    from ray import serve
+
+    return serve.get_app_handle("hive-registry").reservations.remote(model_id).result(timeout_s=30)
+
+
 def ask(hive, model_id: str) -> httpx.Response:
     return httpx.post(f"{hive.url}/v1/chat/completions", json={"model": model_id, **QUESTION}, headers=AUTH, timeout=300)
 
@@ -71,11 +77,12 @@ def test_a_model_sleeps_warm_keeps_only_its_process_booked_and_wakes_at_vllms_ow
     assert info["resting"] and not info["can_sleep"], info
     assert "tiny-nap" in [m["id"] for m in httpx.get(f"{hive.url}/v1/models", headers=AUTH).json()["data"]]
 
-    # what stays booked is each process's own measure, on the node's CPU device: far below an engine's
+    # what stays booked is the process's own measure, on the node's CPU device: far below the engine's
     cpu = hive.gpus()[device]
-    assert "tiny-nap/r0" in cpu["dormant"] and "tiny-nap/r0" not in cpu["replicas"]
-    # both models keep only their processes: the device's reservation is two processes' worth
-    assert 2 * 100 * 2**20 < cpu["reserved_bytes"] < held, (cpu["reserved_bytes"], held)
+    assert {"tiny-nap/r0", "tiny-nap2/r0"} <= set(cpu["dormant"]) and "tiny-nap/r0" not in cpu["replicas"]
+    (booked,) = booked_now("tiny-nap")
+    assert booked.state.value == "asleep" and booked.devices == [device]
+    assert 100 * 2**20 < booked.held_bytes < held / 2, (booked.held_bytes, held)
 
     t0 = time.perf_counter()
     r = ask(hive, "tiny-nap")
@@ -91,48 +98,38 @@ def test_a_model_sleeps_warm_keeps_only_its_process_booked_and_wakes_at_vllms_ow
           f"{first_answer_s - wake['placement_s'] - vllm_start - wake['warm_up_s']:.2f}s (start lock, the admin's "
           f"steps, the held request let in); no Serve scheduling, no process start, no imports")
     assert first_answer_s <= vllm_start + 2.0, (first_answer_s, vllm_start, wake)
-    assert hive.gpus()[device]["reserved_bytes"] >= held
+    (booked,) = booked_now("tiny-nap")
+    assert booked.state.value == "active" and booked.held_bytes >= held
 
 
-def test_two_models_woken_at_once_on_one_node_both_answer(hive, naps):
+def test_two_models_woken_at_once_both_answer_one_from_a_killed_kept_process(hive, naps):
+    """Both sleep warm; tiny-nap's kept process dies (Serve starts its replica again from scratch).
+    Requests for both at once: tiny-nap2 starts again in its kept process, tiny-nap in its new one (a
+    cold start), one after the other on the node's start lock, and both answer, unary and streamed."""
     for model_id in naps:
         asleep(hive, model_id)
-    answers: dict[str, int] = {}
-
-    def wake(model_id: str) -> None:
-        answers[model_id] = ask(hive, model_id).status_code
-
-    threads = [threading.Thread(target=wake, args=(m,)) for m in naps]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=400)
-    assert answers == {m: 200 for m in naps}
-    assert all(model_status(hive, m)["last_wake"]["how"] == "warm" for m in naps)
-
-
-def test_a_wake_whose_kept_process_was_killed_starts_cold_and_answers(hive, naps):
-    """The kept process dies while the model sleeps (Serve starts the replica again from scratch):
-    the wake still answers, unary and streamed."""
-    asleep(hive, "tiny-nap")
     prefix = "tiny-nap#engine-r0#"
     (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if prefix in a["name"]]
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
 
-    async def both():
-        async with httpx.AsyncClient(timeout=300) as client:
-            async def streamed() -> list[str]:
-                async with client.stream("POST", f"{hive.url}/v1/chat/completions", headers=AUTH,
-                                         json={"model": "tiny-nap", **QUESTION, "stream": True}) as resp:
-                    assert resp.status_code == 200
-                    return [line async for line in resp.aiter_lines() if line]
+    async def both(model_id: str, client: httpx.AsyncClient) -> tuple[httpx.Response, list[str]]:
+        async def streamed() -> list[str]:
+            async with client.stream("POST", f"{hive.url}/v1/chat/completions", headers=AUTH,
+                                     json={"model": model_id, **QUESTION, "stream": True}) as resp:
+                assert resp.status_code == 200
+                return [line async for line in resp.aiter_lines() if line]
 
-            return await asyncio.gather(client.post(f"{hive.url}/v1/chat/completions", headers=AUTH,
-                                                    json={"model": "tiny-nap", **QUESTION}), streamed())
+        unary, lines = await asyncio.gather(client.post(f"{hive.url}/v1/chat/completions", headers=AUTH,
+                                                        json={"model": model_id, **QUESTION}), streamed())
+        return unary, lines
 
-    unary, lines = asyncio.run(both())
-    assert unary.status_code == 200, unary.text
-    assert unary.json()["usage"]["completion_tokens"] == 8
-    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-    assert "error" not in events[-1] and lines[-1] == "data: [DONE]"
-    assert model_status(hive, "tiny-nap")["status"] == "ready"
+    async def all_of_them():
+        async with httpx.AsyncClient(timeout=400) as client:
+            return await asyncio.gather(*(both(m, client) for m in naps))
+
+    for model_id, (unary, lines) in zip(naps, asyncio.run(all_of_them())):
+        assert unary.status_code == 200, (model_id, unary.text)
+        assert unary.json()["usage"]["completion_tokens"] == 8
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert "error" not in events[-1] and lines[-1] == "data: [DONE]", model_id
+    assert model_status(hive, "tiny-nap2")["last_wake"]["how"] == "warm"

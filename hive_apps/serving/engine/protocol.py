@@ -79,6 +79,9 @@ class EngineLoad(BaseModel):
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     ttft: TTFTHistogram = Field(default_factory=TTFTHistogram)
+    # prompt tokens the engine looked up in its prefix cache and found there (vLLM's prefix_cache_stats)
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded in the engine now (routing prefers them)
 
 
@@ -101,6 +104,13 @@ class EngineCounters:
         self._ttft = [0] * len(TTFT_BOUNDS_S)  # per bucket, not cumulative (one slot per bound)
         self._ttft_count = 0
         self._ttft_sum_s = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        """Prompt tokens looked up in the prefix cache, and found there."""
+        self.prefix_queries += max(0, int(queries))
+        self.prefix_hits += max(0, int(hits))
 
     def tokens(self, prompt: int, generated: int) -> None:
         self.prompt_tokens += max(0, int(prompt))
@@ -118,7 +128,8 @@ class EngineCounters:
         """The ``EngineLoad`` fields, cumulative."""
         return {"prompt_tokens_total": self.prompt_tokens, "generation_tokens_total": self.generation_tokens,
                 "ttft": TTFTHistogram(buckets=list(itertools.accumulate(self._ttft)), count=self._ttft_count,
-                                      sum_s=round(self._ttft_sum_s, 6))}
+                                      sum_s=round(self._ttft_sum_s, 6)),
+                "prefix_cache_queries_total": self.prefix_queries, "prefix_cache_hits_total": self.prefix_hits}
 
 
 async def call_asgi(app: Any, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:

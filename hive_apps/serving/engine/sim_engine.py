@@ -145,7 +145,6 @@ class SimEngine(EngineBase):
         self.slots = asyncio.Semaphore(seqs)
         self.prefix_cache = (BlockLRU(cache_blocks(replica, block_tokens=BLOCK_TOKENS))
                              if kw.get("enable_prefix_caching", True) else None)
-        self.prefix_queries = self.prefix_hits = 0  # prompt tokens looked up / found in the prefix cache
         self.counters = EngineCounters()  # tokens in and out, time to first token (EngineLoad)
         self.running = 0
         self.waiting = 0
@@ -191,7 +190,7 @@ class SimEngine(EngineBase):
         return {**super().info(), "start_began": self.start_began, "start_ended": self.start_ended,
                 "engine_start_s": self.start_ended - self.start_began, "warm_up_s": self.warm_up_s,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # the pin it was started with
-                "prefix_cache": {"queries": self.prefix_queries, "hits": self.prefix_hits}}
+                "prefix_cache": {"queries": self.counters.prefix_queries, "hits": self.counters.prefix_hits}}
 
     def prompt_keys(self, body: dict[str, Any]) -> list[int]:
         """The prompt's block keys for the prefix cache (none when it is off)."""
@@ -207,8 +206,7 @@ class SimEngine(EngineBase):
             return 0
         hit = min(prompt_tokens - 1, self.prefix_cache.matched(keys) * BLOCK_TOKENS)
         self.prefix_cache.touch(keys)
-        self.prefix_queries += prompt_tokens
-        self.prefix_hits += hit
+        self.counters.prefix_cache(prompt_tokens, hit)
         return hit
 
     def load(self) -> EngineLoad:

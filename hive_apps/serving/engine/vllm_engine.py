@@ -60,6 +60,9 @@ class LoadTracker:
             self.waiting = scheduler_stats.num_waiting_reqs
             self.kv_cache_usage = scheduler_stats.kv_cache_usage
             self.updated_at = time.time()
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)  # vLLM 0.32's name
+            if cache is not None:
+                self.counters.prefix_cache(cache.queries, cache.hits)
         if iteration_stats is not None:
             self.on_tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)
             self.counters.tokens(iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens)

@@ -51,6 +51,19 @@ def test_every_engine_reports_to_the_hives_logger_and_to_vllms_ray_logger(stand_
     # vLLM builds a per-engine logger as factory(vllm_config, engine_index): the hive's still feeds the router
     hive_logger(None, 0).record(SimpleNamespace(num_running_reqs=2, num_waiting_reqs=5, kv_cache_usage=0.5), None)
     assert (tracker.running, tracker.waiting, tracker.kv_cache_usage) == (2, 5, 0.5)
+    # vLLM's prefix-cache counts per step add up in the load report (prompt tokens looked up, found)
+    for queries, hits in ((300, 0), (340, 256)):
+        stats = SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1,
+                                prefix_cache_stats=SimpleNamespace(queries=queries, hits=hits))
+        hive_logger(None, 0).record(stats, None)
+    fields = tracker.counters.fields()
+    assert (fields["prefix_cache_queries_total"], fields["prefix_cache_hits_total"]) == (640, 256)
+
+
+def test_the_prefix_cache_stats_the_load_report_reads_are_vllms():
+    stats = vllm_source("v1/metrics/stats.py")
+    assert re.search(r"^\s+prefix_cache_stats: PrefixCacheStats", stats, re.M)
+    assert re.search(r"^class BaseCacheStats:(.|\n)*?^\s+queries: int(.|\n)*?^\s+hits: int", stats, re.M)
 
 
 def test_vllms_ray_logger_is_its_prometheus_logger_over_ray_metrics():

@@ -278,9 +278,13 @@ async def test_prefix_cache_is_bounded_by_the_planned_blocks_and_can_be_off():
     assert e.prefix_cache is not None and e.prefix_cache.capacity == 32
     await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 1600, "max_tokens": 1})  # 25 blocks
     await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "b" * 1600, "max_tokens": 1})  # evicts most of a
-    hits = e.prefix_hits
+    hits = e.counters.prefix_hits
     await e.call_json("/v1/completions", {"model": "sim-model", "prompt": "a" * 1600, "max_tokens": 1})
-    assert e.prefix_hits - hits < 25 * 16 // 2, "a's blocks were evicted (leaf first) by b's"
+    assert e.counters.prefix_hits - hits < 25 * 16 // 2, "a's blocks were evicted (leaf first) by b's"
+    load = e.load()  # what routers and the admin read, as vLLM's engines report it
+    assert (load.prefix_cache_queries_total, load.prefix_cache_hits_total) == \
+        (e.counters.prefix_queries, e.counters.prefix_hits) == (e.info()["prefix_cache"]["queries"],
+                                                                 e.info()["prefix_cache"]["hits"])
     assert len(e.prefix_cache.keys) <= 32
     off = await engine(sim_tokens_per_s=5000, enable_prefix_caching=False)
     for _ in range(2):
