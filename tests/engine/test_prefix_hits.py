@@ -11,7 +11,7 @@ from the engine's load report before and after.
 import httpx
 import pytest
 
-from hive_apps.serving.engine.http_server import LOAD_PATH, TOKEN_HEADER
+from hive_apps.serving.engine.http_server import LOAD_PATH, PREFIX_PATH, TOKEN_HEADER
 from hive_apps.serving.routing.prefix import BYTES_PER_TOKEN, ROUTE_BLOCK_TOKENS, PrefixIndex, block_keys, prompt_bytes
 
 pytestmark = pytest.mark.engine
@@ -119,3 +119,10 @@ def test_each_conversation_stays_on_its_replica_and_only_that_replicas_prefix_ca
     for name in "AB":
         assert all(r == (homes[name], "prefix") for r in routed[name][1:]), routed
     assert all(a[1] > b[1] for a, b in zip(after, before)), (before, after)
+    # each engine remembers what it was sent, keyed as routers key it: a router that starts reads it
+    # (serving/engine/prefix_memory.py) and sends each conversation back to its replica
+    held = [set(httpx.get(ports[i].url + PREFIX_PATH, headers={TOKEN_HEADER: ports[i].token}).json()) for i in (0, 1)]
+    for name in "AB":
+        sent = block_keys(prompt_bytes({"messages": talks[name][:-1]}))
+        home = int(homes[name][1:])
+        assert sent and set(sent) <= held[home] and not set(sent) & held[1 - home], name

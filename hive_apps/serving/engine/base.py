@@ -23,8 +23,10 @@ from hive_apps.core.settings import HiveSettings, get_settings
 from hive_apps.ops.metrics import Publisher, TokenCount
 from hive_apps.serving.engine.adapters import AdapterCache, AdapterLoadError, with_adapters
 from hive_apps.serving.engine.http_server import EngineEndpoint, RunningServer, start_http_server
+from hive_apps.serving.engine.prefix_memory import with_prefix_memory
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart, SleepReport, call_asgi
 from hive_apps.serving.engine.start_lock import device_lock
+from hive_apps.serving.routing.prefix import BlockLRU, cache_blocks
 
 if TYPE_CHECKING:
     from hive_apps.core.weights.types import FetchProgress, Manifest
@@ -172,6 +174,7 @@ class EngineBase:
         self._tokens: TokenCount | None = None
         self._adapters: AdapterCache | None = None
         self._entry: Any = None
+        self._prefix: BlockLRU | None = None  # the prompt blocks it was sent, as routers key them (prefix_memory.py)
         # a Hub or S3 adapter's files onto this node: its FetchProgress (tests replace it; None: this
         # node's fetcher actor, through the cluster seam)
         self.node_fetch: Callable[[Manifest], FetchProgress] | None = None
@@ -185,10 +188,21 @@ class EngineBase:
 
     @property
     def entry(self) -> Any:
-        """What requests reach: the engine's app behind the LoRA adapter loader (``adapters.py``)."""
+        """What requests reach: the engine's app behind the LoRA adapter loader (``adapters.py``), each
+        generate request's prompt blocks noted on the way (``prefix_memory.py``)."""
         if self._entry is None:
-            self._entry = with_adapters(self.app, self.adapter_cache)
+            self._entry = with_prefix_memory(with_adapters(self.app, self.adapter_cache), self.prefix_memory)
         return self._entry
+
+    def prefix_memory(self) -> BlockLRU:
+        """The prompt blocks this replica was sent since its engine (re)started or its cache was reset."""
+        if self._prefix is None:
+            self._prefix = BlockLRU(cache_blocks(self.replica))
+        return self._prefix
+
+    def prefix_keys(self) -> list[int]:
+        """``prefix_memory``'s keys, least recently used first: what a router reads over Serve."""
+        return list(self.prefix_memory().keys)
 
     async def start_http(self) -> None:
         """Open the replica's own HTTP port once the engine is ready (``serving/engine/http_server.py``)."""
@@ -445,6 +459,7 @@ class EngineBase:
                 async with self._in_place("sleep"):
                     before = self._devices_used()
                     await self._sleep(level)
+                    self._prefix = None  # sleeping resets vLLM's prefix cache
                     self.residual_bytes = self._residual(before)
                 self.sleep_level = level
         return SleepReport(sleep_s=time.perf_counter() - t0, residual_bytes=self.residual_bytes)
@@ -464,7 +479,7 @@ class EngineBase:
                         await self.http.stop()
                         self.http = None
                     await self._rest()
-                    self._entry = None
+                    self._entry, self._prefix = None, None  # its prefix cache went with the engine
                     if self._adapters is not None:
                         self._adapters.dropped_by_engine()
                     self.resting = True

@@ -39,6 +39,7 @@ log = logging.getLogger("ray.serve")
 TOKEN_HEADER = "x-hive-engine-token"
 MAX_CONNECTIONS = 2048
 LOAD_PATH = "/hive/load"
+PREFIX_PATH = "/hive/prefix"  # GET: the prompt blocks the replica was sent (serving/engine/prefix_memory.py)
 # A request line and headers past this get a 431 (uvicorn's h11_max_incomplete_event_size does
 # nothing under httptools, which took 24 MB of headers).
 MAX_HEAD_BYTES = 16 * 1024
@@ -166,6 +167,9 @@ def guarded(app: Any, token: str, on_request: Callable[[int], None], load: Calla
         if scope["path"] == LOAD_PATH:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": load().model_dump_json().encode()})
+            return
+        if scope["path"] == PREFIX_PATH:  # a router reading what the replica holds: not a request of a user
+            await app(scope, receive, send)
             return
         on_request(1)
         t0, status = time.perf_counter(), 0

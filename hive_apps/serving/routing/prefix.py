@@ -134,6 +134,16 @@ class BlockLRU:
         while len(held) > self.capacity:
             held.popitem(last=False)
 
+    def extend(self, keys: list[int]) -> None:
+        """Blocks another LRU lists, least recently used first (an engine's ``prefix_memory``), as older
+        than everything this one holds: what this router sent since outranks it."""
+        held = self.keys
+        older = OrderedDict((k, None) for k in keys if k not in held)
+        older.update(held)
+        while len(older) > self.capacity:
+            older.popitem(last=False)
+        self.keys = older
+
     def matched(self, keys: list[int]) -> int:
         """How many leading blocks are held (binary search: what is held is a prefix of each chain)."""
         held, lo, hi = self.keys, 0, len(keys)
@@ -154,6 +164,12 @@ class PrefixIndex:
 
     def matches(self, keys: list[int], indices: Iterable[int]) -> dict[int, int]:
         return {i: self.replicas[i].matched(keys) if i in self.replicas else 0 for i in indices}
+
+    def learn(self, index: int, keys: list[int]) -> None:
+        """What the replica's engine says it was sent (least recently used first): a router that starts
+        knows what earlier routers sent it."""
+        if index in self.replicas:
+            self.replicas[index].extend(keys)
 
     def record(self, index: int, keys: list[int]) -> None:
         if keys and index in self.replicas:

@@ -75,6 +75,8 @@ class ReplicaSet(LoadPoll):
         self.handles = handles
         self.devices = {rp.index: list(rp.devices) for rp in replicas}
         self.transport = make_transport(handles, settings)
+        self._learnt: set[int] = set()  # replicas whose engines told this set what they were sent
+        self._learning: set[int] = set()
 
     @classmethod
     def of_app(cls, model_id: str, plan: Plan, queue_bound: int, cluster: Cluster | None = None, *,
@@ -102,7 +104,24 @@ class ReplicaSet(LoadPoll):
         self.transport.close()
 
     async def _poll_one(self, i: int) -> EngineLoad:
-        return await self.transport.load(i)
+        load = await self.transport.load(i)
+        if i not in self._learnt and i not in self._learning and self.routing is Routing.PREFIX and len(self.views) > 1:
+            self._learning.add(i)  # once it answers: read what its engine was sent, beside the poll
+            asyncio.get_running_loop().create_task(self._learn(i))
+        return load
+
+    async def _learn(self, i: int) -> None:
+        """Take in the prompt blocks replica ``i``'s engine was sent by routers before this set
+        (a restart, a replica change, another gateway replica): their conversations come back to it."""
+        try:
+            keys = await self.transport.prefix_keys(i)
+        except Exception as e:  # an engine that cannot say, or gone: this set learns from its own traffic
+            log.info("%s replica r%d: what its engine was sent is not readable (%s)", self.model_id, i, e)
+        else:
+            self.prefixes.learn(i, keys)
+        finally:  # asked once per set and replica
+            self._learnt.add(i)
+            self._learning.discard(i)
 
     def replica_views(self) -> list[ReplicaView]:
         return list(self.views.values())

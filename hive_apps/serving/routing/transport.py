@@ -11,6 +11,7 @@ one from the settings it is given (``HIVE_ENGINE_HTTP``).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
@@ -20,11 +21,12 @@ import aiohttp
 from ray.serve.handle import DeploymentHandle
 
 from hive_apps.core.settings import HiveSettings
-from hive_apps.serving.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, TOKEN_HEADER, EngineEndpoint
+from hive_apps.serving.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, PREFIX_PATH, TOKEN_HEADER, EngineEndpoint
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 
 LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
-PROBE_TIMEOUT_S = 5.0  # a busy engine's load answer while a long unary request waits on it
+PROBE_TIMEOUT_S = 5.0
+PREFIX_TIMEOUT_S = 5.0  # reading what an engine was sent, once per replica a router reaches  # a busy engine's load answer while a long unary request waits on it
 
 Reply = tuple[ResponseStart, bytes]
 Replies = AsyncGenerator[ResponseStart | bytes, None]
@@ -45,6 +47,10 @@ class EngineTransport(ABC):
     @abstractmethod
     async def load(self, i: int) -> EngineLoad:
         """The replica's load now, within LOAD_TIMEOUT_S: the load poll's liveness probe."""
+
+    @abstractmethod
+    async def prefix_keys(self, i: int) -> list[int]:
+        """The prompt blocks replica ``i``'s engine was sent (``serving/engine/prefix_memory.py``)."""
 
     @abstractmethod
     async def call(self, i: int, req: ForwardedRequest) -> Reply:
@@ -74,6 +80,9 @@ class ServeTransport(EngineTransport):
 
     async def load(self, i: int) -> EngineLoad:
         return await asyncio.wait_for(self.handles[i].load.remote(), timeout=LOAD_TIMEOUT_S)
+
+    async def prefix_keys(self, i: int) -> list[int]:
+        return await asyncio.wait_for(self.handles[i].prefix_keys.remote(), timeout=PREFIX_TIMEOUT_S)
 
     async def call(self, i: int, req: ForwardedRequest) -> Reply:
         start, body = await self.handles[i].forward_unary.remote(req)
@@ -121,6 +130,15 @@ class HttpTransport(EngineTransport):
             self.endpoints[i] = None  # refused or reset: gone or restarted, the handle says which
         self.endpoints[i] = await self.serve.endpoint(i)
         return await self.serve.load(i)
+
+    async def prefix_keys(self, i: int) -> list[int]:
+        endpoint = self.endpoints.get(i)
+        if endpoint is None:
+            return await self.serve.prefix_keys(i)
+        async with await self._request(endpoint, "GET", PREFIX_PATH, timeout=PREFIX_TIMEOUT_S) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"the engine's {PREFIX_PATH} answered {resp.status}")
+            return [int(k) for k in json.loads(await resp.read())]
 
     async def call(self, i: int, req: ForwardedRequest) -> Reply:
         endpoint = self.endpoints.get(i)

@@ -40,7 +40,7 @@ class Call:
 class FakeHandle:
     def __init__(self, e: SimEngine):
         self.calls: dict[str, int] = {}
-        for name in ("load", "endpoint", "forward", "forward_unary"):
+        for name in ("load", "endpoint", "forward", "forward_unary", "prefix_keys"):
             setattr(self, name, Call(getattr(e, name), self.calls, name))
 
     def options(self, **_):
