@@ -252,9 +252,9 @@ class Reconciler(ControlPlane):
         elif rec.sleeps_in_place:
             level = 1 if rec.sleep_mode is SleepMode.LEVEL1 else 2
             try:
-                if rec.sleep_mode is SleepMode.WARM:
+                if rec.sleep_mode is SleepMode.WARM:  # vLLM stops; the processes stay
                     slept = await self._each_engine(rec, lambda engine: engine.rest.remote(), REST_TIMEOUT_S)
-                else:
+                else:  # vLLM's sleep mode
                     slept = await self._each_engine(rec, lambda engine: engine.sleep.remote(level))
             except Exception as e:
                 log.warning("%s: its engines did not sleep (%s); parking it instead", rec.model_id, e)
@@ -267,12 +267,13 @@ class Reconciler(ControlPlane):
     async def _how_in_place(self, rec: ModelRecord) -> SleepMode | None:
         """How its drained engines stay in place: vLLM's sleep mode (level 1 or 2, the registry picks),
         warm (no sleep mode, HIVE_WARM_PARK: vLLM stops, the processes stay), or not at all (None: parked)."""
-        infos = [i for i in (await self._engine_infos(rec, [rp.index for rp in rec.live_replicas])).values()]
-        if not infos or any(i is None for i in infos):
+        answers = list((await self._engine_infos(rec, [rp.index for rp in rec.live_replicas])).values())
+        infos = [i for i in answers if i is not None]
+        if not infos or len(infos) < len(answers):
             return None
-        if all(i.get("can_sleep") for i in infos if i is not None):
+        if all(i.get("can_sleep") for i in infos):
             return SleepMode.LEVEL1
-        if self.settings.warm_park and all(i.get("can_rest") for i in infos if i is not None):
+        if self.settings.warm_park and all(i.get("can_rest") for i in infos):
             return SleepMode.WARM
         return None
 
