@@ -9,8 +9,9 @@ destroyed it for idleness, and shows the 404 a request for it gets.
 
 How it sleeps (``sleep_mode``): on GPUs vLLM's sleep mode keeps the engine in place, ``level1``
 (weights in the node's RAM; wakes in about a second per 10 GiB) or ``level2`` (weights dropped,
-reloaded on wake); vLLM on CPU has no sleep mode, so the engine is ``parked`` (removed; its wake
-is a cold start, tens of seconds).
+reloaded on wake); vLLM on CPU has no sleep mode, so it sleeps ``warm`` (vLLM stopped, the
+replica's process kept: its wake is vLLM's own start, no new process), or ``parked`` with
+HIVE_WARM_PARK=0 (removed; its wake is a cold start, tens of seconds).
 
     export HIVE_URL=http://head:8000 HIVE_ADMIN_TOKEN=... HIVE_API_KEY=...
     python examples/sleep_idle.py --model Qwen/Qwen3-0.6B --sleep-timeout 30
