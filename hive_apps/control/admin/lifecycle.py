@@ -318,14 +318,16 @@ class Lifecycle(ControlPlane):
         # costs only its next wake's head start
         shells = sorted((r for r in records if r.status is ModelStatus.SLEEPING and not r.releasing
                          and r.sleep_mode is SleepMode.WARM), key=lambda r: r.last_request_at or r.slept_at or 0.0)
-        for n in range(1, len(shells) + 1):
-            freed = await self._held_by(draining + [r.model_id for r in shells[:n]], records)
+        freed = dict(base)
+        for n, shell in enumerate(shells, 1):  # what each gives back, read once
+            for dev, nbytes in (await self._held_by([shell.model_id], records)).items():
+                freed[dev] = freed.get(dev, 0) + nbytes
             if (await self._plan_with(spec, devices, freed, as_asked, in_place, weights)).plan is not None:
                 cooled = await self._cool(shells[:n], spec.model_id)
                 return Room(waiting_for=cooled + draining)
         if shells:  # all of them, and models put to sleep besides (cooled only once that search finds room)
             draining += [r.model_id for r in shells]
-            base = await self._held_by(draining, records)
+            base = freed
         resident = [r for r in records if r.status in SERVING and r.resident]
         candidates = [self._candidate(r) for r in resident]
         waited = now - waiting_since if waiting_since is not None else 0.0

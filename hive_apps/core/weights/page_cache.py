@@ -71,6 +71,7 @@ _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
 MAP_FAILED = ctypes.c_void_p(-1).value
+_RESIDENT = bytes(b & 1 for b in range(256))  # a mincore byte -> its resident bit
 
 
 def _cached_pages(fd: int, size: int) -> int:
@@ -82,7 +83,9 @@ def _cached_pages(fd: int, size: int) -> int:
         vec = (ctypes.c_ubyte * ((size + PAGE - 1) // PAGE))()
         if _libc.mincore(address, size, vec) != 0:
             raise OSError(ctypes.get_errno(), "mincore")
-        return sum(b & 1 for b in vec)
+        # bit 0 of each byte: the page is resident (the others are reserved); counted in C, not per page
+        # in Python (a 100 GiB model has 26 million pages)
+        return bytes(vec).translate(_RESIDENT).count(1)
     finally:
         _libc.munmap(address, size)
 

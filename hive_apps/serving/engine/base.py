@@ -265,21 +265,23 @@ class EngineBase:
 
         from hive_apps.core.weights.page_cache import cached_bytes, read_through
 
-        try:
-            cached, total = cached_bytes(folder)
-        except OSError as e:
-            log.info("%s/r%d: the page cache of %s is unreadable (%s); no read-ahead", self.model_id,
-                     self.replica.index, folder, e)
-            return
-        missing = total - cached
-        if not missing or 2 * missing > psutil.virtual_memory().available:
-            return
-        loop = asyncio.get_running_loop()
-        began = time.perf_counter()
-        reading = loop.run_in_executor(None, read_through, folder)
-        reading.add_done_callback(lambda f: log.info(
-            "%s/r%d: read %.2f GiB of weights ahead in %.1fs", self.model_id, self.replica.index,
-            (f.result() if not f.exception() else 0) / 2**30, time.perf_counter() - began))
+        def read() -> int:  # in a worker thread: the page-cache walk too stays off the replica's loop
+            try:
+                cached, total = cached_bytes(folder)
+            except OSError as e:
+                log.info("%s/r%d: the page cache of %s is unreadable (%s); no read-ahead", self.model_id,
+                         self.replica.index, folder, e)
+                return 0
+            missing = total - cached
+            if not missing or 2 * missing > psutil.virtual_memory().available:
+                return 0
+            began = time.perf_counter()
+            done = read_through(folder)
+            log.info("%s/r%d: read %.2f GiB of weights ahead in %.1fs", self.model_id, self.replica.index,
+                     done / 2**30, time.perf_counter() - began)
+            return done
+
+        asyncio.get_running_loop().run_in_executor(None, read)
 
     def _cluster(self) -> Any:
         """The cluster seam, in the hive's namespace (the fetchers live there; this process's may be none)."""
@@ -519,5 +521,6 @@ class EngineBase:
         adapters = self._adapters.view() if self._adapters is not None else None
         return {"model_id": self.model_id, "replica": self.replica.index, "devices": self.replica.devices,
                 "plan": getattr(self, "plan_summary", None), "can_sleep": self.can_sleep(),
-                "can_rest": self.can_rest(), "resting": self.resting, "sleep_level": self.sleep_level, "weights_path": getattr(self, "weights_path", None),
+                "can_rest": self.can_rest(), "resting": self.resting, "sleep_level": self.sleep_level,
+                "weights_path": getattr(self, "weights_path", None),
                 "adapters": adapters}

@@ -17,7 +17,7 @@ from typing import Any
 
 from hive_apps.serving.engine.adapters import adapter_ref
 from hive_apps.serving.engine.http_server import PREFIX_PATH
-from hive_apps.serving.routing.prefix import BlockLRU, block_keys, prompt_bytes
+from hive_apps.serving.routing.prefix import BlockLRU, request_keys
 
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
 MAX_BODY_BYTES = 4 * 2**20  # a larger body (media) is not read for its prefix: its request runs as ever
@@ -32,8 +32,7 @@ def note(memory: BlockLRU, body: bytes, scope: dict) -> None:
     if not isinstance(parsed, dict):
         return
     ref = adapter_ref(scope)
-    seed = ref.model_id if ref is not None and not isinstance(ref, str) else ""
-    memory.touch(block_keys(prompt_bytes(parsed), seed=seed))
+    memory.touch(request_keys(parsed, ref.model_id if ref is not None and not isinstance(ref, str) else None))
 
 
 def with_prefix_memory(app: Callable, memory: Callable[[], BlockLRU]) -> Callable:
@@ -59,10 +58,9 @@ def with_prefix_memory(app: Callable, memory: Callable[[], BlockLRU]) -> Callabl
         async def tapped() -> dict[str, Any]:
             nonlocal size
             message = await receive()
-            if message["type"] == "http.request" and size <= MAX_BODY_BYTES:
-                chunk = message.get("body", b"")
-                chunks.append(chunk)
-                size += len(chunk)
+            if message["type"] == "http.request" and size <= MAX_BODY_BYTES:  # past it, not read for this
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
                 if not message.get("more_body") and size <= MAX_BODY_BYTES:
                     note(memory(), b"".join(chunks), scope)
             return message

@@ -105,6 +105,12 @@ def block_keys(data: bytes, block: int = ROUTE_BLOCK_BYTES, limit: int = MAX_PRE
     return keys
 
 
+def request_keys(body: dict[str, Any] | None, adapter: str | None = None) -> list[int]:
+    """A request's keys as every router and engine takes them: its laid-out prompt's blocks, chained
+    from its LoRA adapter's name when it asks for one (vLLM keys an adapter's blocks apart)."""
+    return block_keys(prompt_bytes(body), seed=adapter or "")
+
+
 def cache_blocks(rp: ReplicaPlan, kv_bytes_per_token: int | None = None, block_tokens: int = ROUTE_BLOCK_TOKENS) -> int:
     """Blocks of ``block_tokens`` the replica's planned KV cache holds: its KV bytes over the model's
     KV bytes per token when known, else every sequence at max_model_len."""

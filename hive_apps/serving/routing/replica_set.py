@@ -37,7 +37,7 @@ from hive_apps.serving.engine.http_server import EngineEndpoint
 from hive_apps.serving.engine.protocol import ADAPTER_HEADER, AdapterRef, EngineLoad, ForwardedRequest, ResponseStart
 from hive_apps.serving.routing.liveness import LoadPoll, is_live, mark_failed
 from hive_apps.serving.routing.policy import EDGE_PICK_TTL_S, ReplicaView, prompt_tokens_estimate, queue_full
-from hive_apps.serving.routing.prefix import PrefixIndex, block_keys, cache_blocks, prompt_bytes
+from hive_apps.serving.routing.prefix import PrefixIndex, cache_blocks, request_keys
 from hive_apps.serving.routing.split import CHAT, COMPLETIONS, Split, merge_answers, plan_split
 from hive_apps.serving.routing.transport import EngineHung, HttpTransport, Reply, make_transport
 
@@ -195,7 +195,7 @@ class ReplicaSet(LoadPoll):
     def _prefix_keys(self, body: dict[str, Any] | None, adapter: str | None) -> list[int]:
         if self.routing is not Routing.PREFIX or len(self.views) < 2:
             return []
-        return block_keys(prompt_bytes(body), seed=adapter or "")
+        return request_keys(body, adapter)
 
     def _attempts(self, body: dict[str, Any] | None = None, tokens: int = 0,
                   prefer: int | None = None, adapter: str | None = None) -> Iterator[tuple[ReplicaView, str, int]]:

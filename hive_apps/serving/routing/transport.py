@@ -25,8 +25,8 @@ from hive_apps.serving.engine.http_server import LOAD_PATH, OVERLOADED_HEADER, P
 from hive_apps.serving.engine.protocol import EngineLoad, ForwardedRequest, ResponseStart
 
 LOAD_TIMEOUT_S = 0.5  # with the poll period, a dead or hung replica is skipped within 1 s
-PROBE_TIMEOUT_S = 5.0
-PREFIX_TIMEOUT_S = 5.0  # reading what an engine was sent, once per replica a router reaches  # a busy engine's load answer while a long unary request waits on it
+PROBE_TIMEOUT_S = 5.0  # a busy engine's load answer while a long unary request waits on it
+PREFIX_TIMEOUT_S = 5.0  # reading what an engine was sent, once per replica a router reaches
 
 Reply = tuple[ResponseStart, bytes]
 Replies = AsyncGenerator[ResponseStart | bytes, None]
